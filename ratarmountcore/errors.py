@@ -1,0 +1,82 @@
+"""One error hierarchy for the whole library.
+
+Every leaf also inherits the builtin exception a caller would naturally catch, so
+``except FileNotFoundError`` keeps working for users who never heard of ratarmount.
+"""
+
+from __future__ import annotations
+
+import errno
+
+
+class RatarmountError(Exception):
+    """Base of every error raised on purpose by ratarmountcore."""
+
+    #: errno the FUSE layer reports for this error.
+    errno_code: int = errno.EIO
+
+
+class NotFoundError(RatarmountError, FileNotFoundError):
+    errno_code = errno.ENOENT
+
+
+class NotADirectoryRatarmountError(RatarmountError, NotADirectoryError):
+    errno_code = errno.ENOTDIR
+
+
+class IsADirectoryRatarmountError(RatarmountError, IsADirectoryError):
+    errno_code = errno.EISDIR
+
+
+class NotASymlinkError(RatarmountError, OSError):
+    errno_code = errno.EINVAL
+
+
+class ArchiveError(RatarmountError, ValueError):
+    """The archive cannot be read as what it claims to be."""
+
+
+class UnsupportedFormatError(ArchiveError):
+    """The file is not in any format we can mount."""
+
+
+class EmptyArchiveError(ArchiveError):
+    """The file is empty."""
+
+
+class TruncatedArchiveError(ArchiveError):
+    """The archive ends in the middle of a member."""
+
+
+class CorruptHeaderError(ArchiveError):
+    """A tar header fails its checksum or holds impossible values."""
+
+
+class CorruptDataError(RatarmountError, OSError):
+    """Stored data failed an integrity check (CRC, hash); never served."""
+
+    errno_code = errno.EIO
+
+
+class MissingBackendError(RatarmountError, ImportError):
+    """An optional library needed for this file is not installed."""
+
+
+class IndexError_(RatarmountError, RuntimeError):
+    """Base for index problems (named with a trailing underscore to not shadow the builtin)."""
+
+
+class InvalidIndexError(IndexError_):
+    """The index file is not a valid ratarmount index."""
+
+
+class StaleIndexError(InvalidIndexError):
+    """The index does not belong to the archive as it is now (or to this format version)."""
+
+
+class IndexNotWritableError(IndexError_, PermissionError):
+    """No candidate location for the index is writable."""
+
+
+class MountError(RatarmountError, OSError):
+    """The mount point cannot be used."""

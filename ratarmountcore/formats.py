@@ -1,0 +1,61 @@
+"""Magic-byte detection of archive and compression formats (stdlib only)."""
+
+from __future__ import annotations
+
+import enum
+from typing import BinaryIO
+
+
+class FormatId(enum.Enum):
+    TAR = "tar"
+    GZIP = "gzip"
+    BZIP2 = "bzip2"
+    ZSTD = "zstd"
+    XZ = "xz"
+    UNKNOWN = "unknown"
+
+
+COMPRESSIONS = (FormatId.GZIP, FormatId.BZIP2, FormatId.ZSTD, FormatId.XZ)
+
+
+def tar_header_checksum_ok(block: bytes) -> bool:
+    """True when ``block`` (512 bytes) is a tar header with a valid checksum."""
+    if len(block) < 512:
+        return False
+    field = block[148:156]
+    try:
+        stored = int(field.replace(b"\0", b" ").strip() or b"-1", 8)
+    except ValueError:
+        return False
+    unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:512])
+    if stored == unsigned:
+        return True
+    signed = sum((b - 256 if b > 127 else b) for b in block[:148] + block[156:512]) + 8 * 32
+    return stored == signed
+
+
+def sniff_bytes(head: bytes) -> FormatId:
+    if head[:2] == b"\x1f\x8b":
+        return FormatId.GZIP
+    if head[:3] == b"BZh" and head[3:4] in b"123456789" and head[4:10] in (b"1AY&SY", b"\x17rE8P\x90"):
+        return FormatId.BZIP2
+    if head[:4] == b"\x28\xb5\x2f\xfd":
+        return FormatId.ZSTD
+    # Skippable zstd frames (e.g. the seek table of a seekable zstd archive placed first).
+    if len(head) >= 4 and head[1:4] == b"\x2a\x4d\x18" and 0x50 <= head[0] <= 0x5F:
+        return FormatId.ZSTD
+    if head[:6] == b"\xfd7zXZ\x00":
+        return FormatId.XZ
+    if tar_header_checksum_ok(head[:512]) or (len(head) >= 512 and head[:512] == b"\0" * 512):
+        return FormatId.TAR
+    return FormatId.UNKNOWN
+
+
+def sniff(fileobj: BinaryIO) -> FormatId:
+    """Detect the format of ``fileobj`` from its first bytes; restores the position."""
+    pos = fileobj.tell()
+    try:
+        head = fileobj.read(512)
+    finally:
+        fileobj.seek(pos)
+    return sniff_bytes(head)

@@ -1,0 +1,77 @@
+"""Find a valid index for an archive, or build one.
+
+Search order: the candidate locations (``locations.candidate_paths``); the first existing index
+that validates against the archive (format version, size, mtime, fingerprint, build options) is
+used. Otherwise the index is built into the first writable candidate, via a temporary file that
+is renamed into place only when complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+from typing import Callable, Dict, Optional
+
+from ..errors import IndexNotWritableError, InvalidIndexError, StaleIndexError
+from ..options import IndexOptions
+from .fingerprint import ArchiveStats
+from .locations import candidate_paths, folder_writable
+from .sqlite_index import IndexReader, IndexWriter
+
+logger = logging.getLogger(__name__)
+
+#: Fills a fresh writer with rows (and seek points); does not commit.
+BuildFunction = Callable[[IndexWriter], None]
+
+
+def _try_open(path: str, stats: ArchiveStats, build_options: Dict[str, str]) -> Optional[IndexReader]:
+    try:
+        reader = IndexReader(path)
+    except InvalidIndexError as exc:
+        logger.warning("Ignoring %s: %s", path, exc)
+        return None
+    try:
+        reader.validate(stats)
+        reader.check_options(build_options)
+    except StaleIndexError as exc:
+        reader.close()
+        logger.warning("Index %s does not match the archive (%s); it will be rebuilt", path, exc)
+        return None
+    return reader
+
+
+def open_or_build(
+    archive_path: str,
+    stats: ArchiveStats,
+    options: IndexOptions,
+    build_options: Dict[str, str],
+    build: BuildFunction,
+    implicit_owner: "tuple[int, int]",
+) -> IndexReader:
+    candidates = candidate_paths(archive_path, options)
+    if not options.recreate:
+        for path in candidates:
+            if os.path.isfile(path):
+                reader = _try_open(path, stats, build_options)
+                if reader is not None:
+                    logger.debug("Using index %s", path)
+                    return reader
+
+    for target in candidates:
+        if not folder_writable(target):
+            continue
+        try:
+            writer = IndexWriter(target, stats, archive_path, build_options)
+        except (OSError, sqlite3.Error) as exc:
+            logger.debug("Cannot create an index at %s: %s", target, exc)
+            continue
+        logger.info("Creating index %s", target)
+        with writer:
+            build(writer)
+            writer.commit(stats.mtime_ns, *implicit_owner)
+        return IndexReader(target)
+    raise IndexNotWritableError(
+        f"{archive_path}: cannot write an index to any of {', '.join(candidates)}; "
+        "use --index-file or --index-folders to name a writable place"
+    )

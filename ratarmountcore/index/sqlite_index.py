@@ -1,0 +1,374 @@
+"""The persistent SQLite index: written once to a temporary file, renamed into place, then only
+ever opened read-only (``mode=ro&immutable=1``: no locks, no journal, fine on shared file systems).
+
+The writer knows nothing about tar parsing and the reader nothing about building; both speak
+``MemberRecord`` rows and plain SQL.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import posixpath
+import sqlite3
+import struct
+import threading
+import time
+import uuid
+from importlib import resources
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+from ..errors import InvalidIndexError, StaleIndexError
+from ..tar.scanner import KIND_DIR, KIND_HARDLINK, MemberRecord
+from .fingerprint import ArchiveStats
+
+logger = logging.getLogger(__name__)
+
+#: Bump when the schema or the meaning of a column changes; older indexes are rebuilt.
+FORMAT_VERSION = "1"
+
+ROW_COLUMNS = (
+    "id, parent, name, kind, mode, size, mtime_ns, uid, gid, nlink, ino, linkname, "
+    "offset_data, sparse, rdev, source"
+)
+
+Row = Tuple[int, bytes, bytes, str, int, int, int, int, int, int, int, bytes, int, Optional[bytes], int, int]
+
+
+def _sql(name: str) -> str:
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+def encode(path: str) -> bytes:
+    return path.encode("utf-8", "surrogateescape")
+
+
+def split_path(path: str) -> Tuple[bytes, bytes]:
+    """"/a/b/c" -> (b"/a/b", b"c"); "/" -> (b"", b"")."""
+    if path == "/":
+        return b"", b""
+    parent, name = posixpath.split(path)
+    return encode(parent), encode(name)
+
+
+def pack_sparse(extents: Optional[Sequence[Tuple[int, int]]]) -> Optional[bytes]:
+    if extents is None:
+        return None
+    flat = [v for pair in extents for v in pair]
+    return struct.pack(f"<{len(flat)}q", *flat)
+
+
+def unpack_sparse(blob: Optional[bytes]) -> Optional[Tuple[Tuple[int, int], ...]]:
+    if blob is None:
+        return None
+    flat = struct.unpack(f"<{len(blob) // 8}q", blob)
+    return tuple(zip(flat[0::2], flat[1::2]))
+
+
+class IndexWriter:
+    """Builds an index in ``<final>.tmp-<uuid>`` and renames it into place on ``commit``.
+
+    Used as a context manager: leaving the block with an exception removes the temporary file,
+    so an interrupted build leaves nothing behind.
+    """
+
+    BATCH = 20_000
+
+    def __init__(self, final_path: str, stats: ArchiveStats, archive_path: str, extra: Dict[str, str]) -> None:
+        self.final_path = final_path
+        self.temp_path = f"{final_path}.tmp-{uuid.uuid4().hex[:12]}"
+        self._stats = stats
+        self._meta = {"archive_path": os.path.abspath(archive_path), **extra}
+        self._conn = sqlite3.connect(self.temp_path, isolation_level=None)
+        self._conn.executescript(
+            "PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA locking_mode=EXCLUSIVE; "
+            "PRAGMA page_size=4096; PRAGMA cache_size=-16000;"
+        )
+        self._conn.executescript(_sql("schema.sql"))
+        self._conn.execute("BEGIN")
+        self._batch: List[tuple] = []
+        self._next_id = 1
+        self._explicit_dirs: Set[str] = set()
+        self._ancestors: Set[str] = set()
+        self._last_parent = ""
+        self._has_hardlinks = False
+        self._count = 0
+        self._committed = False
+
+    def __enter__(self) -> "IndexWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:  # type: ignore[no-untyped-def]
+        if not self._committed:
+            self.abort()
+
+    # --- rows ---------------------------------------------------------------------------------
+    def add(self, record: MemberRecord, source: int = 0) -> int:
+        """Add one member; returns its row id."""
+        row_id = self._next_id
+        self._next_id += 1
+        parent, name = split_path(record.path)
+        if record.kind == KIND_DIR:
+            self._explicit_dirs.add(record.path)
+        parent_str = posixpath.dirname(record.path)
+        if parent_str != self._last_parent:  # members come grouped by folder; skip the set work
+            self._last_parent = parent_str
+            while parent_str not in self._ancestors and parent_str != "/":
+                self._ancestors.add(parent_str)
+                parent_str = posixpath.dirname(parent_str)
+        is_hardlink = record.kind == KIND_HARDLINK
+        self._has_hardlinks |= is_hardlink
+        self._batch.append(
+            (
+                row_id,
+                parent,
+                name,
+                record.kind,
+                record.mode,
+                record.size,
+                record.mtime_ns,
+                record.uid,
+                record.gid,
+                row_id,
+                encode(record.linkname),
+                record.offset_header,
+                record.offset_data,
+                pack_sparse(record.sparse),
+                record.rdev,
+                int(is_hardlink),
+                source,
+            )
+        )
+        self._count += 1
+        if len(self._batch) >= self.BATCH:
+            self._flush()
+        return row_id
+
+    def _flush(self) -> None:
+        self._conn.executemany(
+            "INSERT INTO files (id, parent, name, kind, mode, size, mtime_ns, uid, gid, ino, linkname, "
+            "offset_header, offset_data, sparse, rdev, is_hardlink, source) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            self._batch,
+        )
+        self._batch.clear()
+
+    def put_seek_points(self, backend: str, parts: Iterable[bytes]) -> None:
+        self._conn.execute("DELETE FROM seek_points WHERE backend = ?", (backend,))
+        self._conn.executemany(
+            "INSERT INTO seek_points (backend, part, data) VALUES (?, ?, ?)",
+            ((backend, i, blob) for i, blob in enumerate(parts)),
+        )
+
+    # --- finishing ----------------------------------------------------------------------------
+    def commit(self, implicit_dir_mtime_ns: int, implicit_uid: int, implicit_gid: int) -> None:
+        self._flush()
+        conn = self._conn
+        for statement in _sql("finalize.sql").split(";"):
+            if statement.strip() and not statement.strip().startswith("--"):
+                conn.execute(statement)
+        self._add_implicit_dirs(implicit_dir_mtime_ns, implicit_uid, implicit_gid)
+        self._mark_overwritten()
+        if self._has_hardlinks:
+            self._resolve_hardlinks()
+        self._count_dir_links()
+        meta = {
+            **self._meta,
+            "format_version": FORMAT_VERSION,
+            "archive_size": str(self._stats.size),
+            "archive_mtime_ns": str(self._stats.mtime_ns),
+            "archive_fingerprint": self._stats.fingerprint,
+            "members": str(self._count),
+            "total_size": str(conn.execute("SELECT COALESCE(SUM(size), 0) FROM files WHERE latest = 1").fetchone()[0]),
+            "entries": str(conn.execute("SELECT COUNT(*) FROM files WHERE latest = 1").fetchone()[0]),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        conn.executemany("INSERT OR REPLACE INTO metadata (key, value) VALUES (?, ?)", meta.items())
+        conn.execute("COMMIT")
+        conn.execute("PRAGMA journal_mode=DELETE")
+        conn.close()
+        os.chmod(self.temp_path, 0o644)
+        os.replace(self.temp_path, self.final_path)
+        self._committed = True
+
+    def abort(self) -> None:
+        try:
+            self._conn.close()
+        except sqlite3.Error:
+            pass
+        for path in (self.temp_path, self.temp_path + "-journal"):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def _add_implicit_dirs(self, mtime_ns: int, uid: int, gid: int) -> None:
+        missing = sorted(self._ancestors - self._explicit_dirs)
+        rows = []
+        for path in missing:
+            parent, name = split_path(path)
+            exists = self._conn.execute(
+                "SELECT 1 FROM files WHERE parent = ? AND name = ? AND kind = 'd' LIMIT 1", (parent, name)
+            ).fetchone()
+            if exists is None:
+                row_id = self._next_id
+                self._next_id += 1
+                rows.append((row_id, parent, name, "d", 0o40755, 0, mtime_ns, uid, gid, row_id, 0, 0))
+        self._conn.executemany(
+            "INSERT INTO files (id, parent, name, kind, mode, size, mtime_ns, uid, gid, ino, offset_header, "
+            "offset_data) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            rows,
+        )
+
+    def _mark_overwritten(self) -> None:
+        self._conn.execute(
+            "UPDATE files SET latest = 0 WHERE id IN ("
+            " SELECT f.id FROM files f JOIN ("
+            "  SELECT parent, name, MAX(id) AS newest FROM files GROUP BY parent, name HAVING COUNT(*) > 1"
+            " ) d ON f.parent = d.parent AND f.name = d.name AND f.id < d.newest)"
+        )
+
+    def _resolve_hardlinks(self) -> None:
+        """Give each hard link its target's data, metadata and inode (as GNU tar extracts them:
+        the target is the newest member of that name *before* the link)."""
+        conn = self._conn
+        links = conn.execute("SELECT id, linkname FROM files WHERE is_hardlink = 1 ORDER BY id").fetchall()
+        for row_id, linkname in links:
+            parent, name = split_path(linkname.decode("utf-8", "surrogateescape"))
+            target = conn.execute(
+                "SELECT kind, mode, size, mtime_ns, uid, gid, ino, linkname, offset_data, sparse, rdev "
+                "FROM files WHERE parent = ? AND name = ? AND id < ? ORDER BY id DESC LIMIT 1",
+                (parent, name, row_id),
+            ).fetchone()
+            if target is None or target[0] == KIND_DIR:
+                logger.warning(
+                    "Hard link %r points to %r, which is not in the archive before it; leaving it out",
+                    linkname,
+                    linkname,
+                )
+                conn.execute("DELETE FROM files WHERE id = ?", (row_id,))
+                continue
+            conn.execute(
+                "UPDATE files SET kind=?, mode=?, size=?, mtime_ns=?, uid=?, gid=?, ino=?, linkname=?, "
+                "offset_data=?, sparse=?, rdev=? WHERE id = ?",
+                (*target, row_id),
+            )
+        conn.execute("CREATE INDEX files_by_ino ON files (ino)")
+        conn.execute(
+            "UPDATE files SET nlink = (SELECT COUNT(*) FROM files f2 WHERE f2.ino = files.ino AND f2.latest = 1) "
+            "WHERE ino IN (SELECT ino FROM files WHERE is_hardlink = 1)"
+        )
+        conn.execute("DROP INDEX files_by_ino")
+
+    def _count_dir_links(self) -> None:
+        conn = self._conn
+        subdirs: Dict[bytes, int] = dict(
+            conn.execute("SELECT parent, COUNT(*) FROM files WHERE kind = 'd' AND latest = 1 GROUP BY parent")
+        )
+        updates = []
+        for row_id, parent, name in conn.execute("SELECT id, parent, name FROM files WHERE kind = 'd'").fetchall():
+            path = b"/" if not name else (parent.rstrip(b"/") + b"/" + name)
+            updates.append((2 + subdirs.get(path, 0), row_id))
+        conn.executemany("UPDATE files SET nlink = ? WHERE id = ?", updates)
+        root_subdirs = subdirs.get(b"/", 0)
+        conn.execute(
+            "INSERT OR REPLACE INTO metadata (key, value) VALUES ('root_nlink', ?)", (str(2 + root_subdirs),)
+        )
+
+
+class IndexReader:
+    """Read-only access to a built index; one SQLite connection per thread."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._local = threading.local()
+        self._connections: List[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        try:
+            self.metadata: Dict[str, str] = dict(self._conn().execute("SELECT key, value FROM metadata"))
+            self._conn().execute("SELECT id FROM files LIMIT 1").fetchall()
+        except sqlite3.DatabaseError as exc:
+            self.close()
+            raise InvalidIndexError(f"{path} is not a valid ratarmount index ({exc})") from None
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            uri = "file:" + _uri_quote(self.path) + "?mode=ro&immutable=1"
+            conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+            conn.execute("PRAGMA cache_size=-4000")
+            conn.execute("PRAGMA query_only=1")
+            self._local.conn = conn
+            with self._lock:
+                self._connections.append(conn)
+        return conn
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._connections:
+                conn.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+    def validate(self, stats: ArchiveStats) -> None:
+        """Raise StaleIndexError if this index does not describe the archive as it is now."""
+        meta = self.metadata
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise StaleIndexError(
+                f"index format version {meta.get('format_version')!r} differs from {FORMAT_VERSION!r}"
+            )
+        try:
+            stored = ArchiveStats(
+                size=int(meta["archive_size"]),
+                mtime_ns=int(meta["archive_mtime_ns"]),
+                fingerprint=meta["archive_fingerprint"],
+            )
+        except (KeyError, ValueError):
+            raise StaleIndexError("index lacks the archive's identity") from None
+        reason = stats.differences(stored)
+        if reason:
+            raise StaleIndexError(reason)
+
+    def check_options(self, expected: Dict[str, str]) -> None:
+        for key, value in expected.items():
+            if self.metadata.get(key) != value:
+                raise StaleIndexError(f"index was built with {key}={self.metadata.get(key)!r}, need {value!r}")
+
+    # --- queries ------------------------------------------------------------------------------
+    def lookup(self, parent: bytes, name: bytes) -> Optional[Row]:
+        return self._conn().execute(  # type: ignore[no-any-return]
+            f"SELECT {ROW_COLUMNS} FROM files WHERE parent = ? AND name = ? AND latest = 1 ORDER BY id DESC LIMIT 1",
+            (parent, name),
+        ).fetchone()
+
+    def versions(self, parent: bytes, name: bytes) -> List[Row]:
+        return self._conn().execute(
+            f"SELECT {ROW_COLUMNS} FROM files WHERE parent = ? AND name = ? ORDER BY id", (parent, name)
+        ).fetchall()
+
+    def list(self, parent: bytes) -> List[Row]:
+        return self._conn().execute(
+            f"SELECT {ROW_COLUMNS} FROM files WHERE parent = ? AND latest = 1", (parent,)
+        ).fetchall()
+
+    def has_children(self, parent: bytes) -> bool:
+        return self._conn().execute("SELECT 1 FROM files WHERE parent = ? LIMIT 1", (parent,)).fetchone() is not None
+
+    def seek_point_parts(self, backend: str) -> List[bytes]:
+        return [
+            row[0]
+            for row in self._conn().execute(
+                "SELECT data FROM seek_points WHERE backend = ? ORDER BY part", (backend,)
+            )
+        ]
+
+    def meta_json(self, key: str) -> Optional[object]:
+        value = self.metadata.get(key)
+        return None if value is None else json.loads(value)
+
+
+def _uri_quote(path: str) -> str:
+    from urllib.parse import quote
+
+    return quote(os.path.abspath(path), safe="/")

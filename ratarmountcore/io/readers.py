@@ -1,0 +1,182 @@
+"""Random-access byte sources and seekable views on them.
+
+Everything that serves file contents is a ``RandomAccessReader``: ``pread(offset, size)`` with no
+shared file position, so any number of threads may read at once. A plain file is ``os.pread`` on
+one descriptor (the GIL is released during the system call); compressed streams implement the
+same protocol on top of their decompressors.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import os
+import threading
+from typing import Optional, Protocol, Sequence, Tuple
+
+
+class RandomAccessReader(Protocol):
+    def pread(self, offset: int, size: int) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+class PlainFileReader:
+    """``pread`` on a file descriptor."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self.size = os.fstat(self.fd).st_size
+
+    def pread(self, offset: int, size: int) -> bytes:
+        return os.pread(self.fd, size, offset)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class ReaderStream(io.RawIOBase):
+    """A seekable file object over a ``RandomAccessReader`` (for scanning and streaming)."""
+
+    def __init__(self, reader: RandomAccessReader, size: Optional[int] = None) -> None:
+        super().__init__()
+        self._reader = reader
+        self._size = size
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def,override]
+        data = self._reader.pread(self._pos, len(buffer))
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            self._pos = offset
+        elif whence == io.SEEK_CUR:
+            self._pos += offset
+        else:
+            if self._size is None:
+                raise io.UnsupportedOperation("size unknown")
+            self._pos = self._size + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+Extent = Tuple[int, int]  # (offset in the member file, length); stored back to back in the archive
+
+
+class MemberFile(io.RawIOBase):
+    """Seekable, read-only view of one member: ``size`` bytes at ``data_offset`` of ``reader``,
+    or, for sparse members, the listed extents with zeros in the holes.
+
+    Each handle has its own position; the underlying reader is shared and thread-safe.
+    """
+
+    def __init__(
+        self,
+        reader: RandomAccessReader,
+        data_offset: int,
+        size: int,
+        sparse: Optional[Sequence[Extent]] = None,
+        name: str = "",
+    ) -> None:
+        super().__init__()
+        self._reader = reader
+        self._offset = data_offset
+        self._size = size
+        self._pos = 0
+        self.name = name
+        self._lock = threading.Lock()
+        if sparse is not None:
+            self._starts = [start for start, _ in sparse]
+            self._extents = list(sparse)
+            stored = []
+            total = 0
+            for _, length in sparse:
+                stored.append(total)
+                total += length
+            self._stored = stored
+        else:
+            self._extents = []
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def pread(self, offset: int, size: int) -> bytes:
+        """Read without touching the handle's position (used by FUSE)."""
+        if offset >= self._size or size <= 0:
+            return b""
+        size = min(size, self._size - offset)
+        if not self._extents:
+            data = self._reader.pread(self._offset + offset, size)
+            if len(data) != size:
+                raise OSError(f"short read from archive at offset {self._offset + offset}")
+            return data
+        return self._pread_sparse(offset, size)
+
+    def _pread_sparse(self, offset: int, size: int) -> bytes:
+        out = bytearray(size)  # zeros for holes
+        end = offset + size
+        i = max(0, bisect.bisect_right(self._starts, offset) - 1)
+        while i < len(self._extents):
+            start, length = self._extents[i]
+            if start >= end:
+                break
+            lo, hi = max(start, offset), min(start + length, end)
+            if lo < hi:
+                data = self._reader.pread(self._offset + self._stored[i] + (lo - start), hi - lo)
+                if len(data) != hi - lo:
+                    raise OSError("short read from archive in sparse member")
+                out[lo - offset : hi - offset] = data
+            i += 1
+        return bytes(out)
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def,override]
+        with self._lock:
+            data = self.pread(self._pos, len(buffer))
+            buffer[: len(data)] = data
+            self._pos += len(data)
+            return len(data)
+
+    def readall(self) -> bytes:
+        with self._lock:
+            data = self.pread(self._pos, self._size - self._pos)
+            self._pos += len(data)
+            return data
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        with self._lock:
+            if whence == io.SEEK_SET:
+                new = offset
+            elif whence == io.SEEK_CUR:
+                new = self._pos + offset
+            elif whence == io.SEEK_END:
+                new = self._size + offset
+            else:
+                raise ValueError(f"invalid whence {whence}")
+            if new < 0:
+                raise OSError(22, "negative seek position")
+            self._pos = new
+            return new
+
+    def tell(self) -> int:
+        return self._pos

@@ -1,0 +1,41 @@
+"""Typed option objects built once by the CLI (or a Python caller) and passed down as is."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+
+@dataclass(frozen=True)
+class IndexOptions:
+    #: Explicit index path; overrides the folder search.
+    index_file: Optional[str] = None
+    #: Folders to look for / write the index in, in order. "" means "beside the archive".
+    #: The default is beside the archive, then ~/.cache/ratarmount.
+    index_folders: Tuple[str, ...] = ("", "~/.cache/ratarmount")
+    #: Rebuild even when a valid index exists.
+    recreate: bool = False
+    #: Show a progress bar on stderr while indexing (only when stderr is a terminal).
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class CompressionOptions:
+    #: Threads for parallel decompression; 0 means all cores.
+    parallelization: int = 0
+    #: Preferred gzip backend: "rapidgzip" or "indexed_gzip" (None: best available).
+    gzip_backend: Optional[str] = None
+    #: Spacing of decompressor seek points in bytes of decompressed data.
+    seek_point_spacing: int = 4 * 1024 * 1024
+
+    def threads(self) -> int:
+        return self.parallelization if self.parallelization > 0 else (os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class OpenOptions:
+    index: IndexOptions = field(default_factory=IndexOptions)
+    compression: CompressionOptions = field(default_factory=CompressionOptions)
+    #: Mount archives found inside archives as directories.
+    recursive: bool = False

@@ -1,0 +1,209 @@
+"""A tar archive (plain or compressed) served through its persistent SQLite index."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import stat
+from typing import Iterable, List, NamedTuple, Optional, Tuple
+
+from ..errors import ArchiveError, NotFoundError, RatarmountError
+from ..index.builder import open_or_build
+from ..index.fingerprint import archive_stats
+from ..index.sqlite_index import IndexReader, IndexWriter, Row, encode, split_path, unpack_sparse
+from ..io.readers import MemberFile, PlainFileReader, RandomAccessReader, ReaderStream
+from ..options import OpenOptions
+from ..progress import Progress
+from ..tar.scanner import TarScanner
+from .base import FileInfo, MountSource
+
+logger = logging.getLogger(__name__)
+
+VERSIONS_SUFFIX = b".versions"
+
+
+class ArchiveLocator(NamedTuple):
+    offset: int
+    sparse: Optional[bytes]
+
+
+def _decode(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def row_to_info(row: Row) -> FileInfo:
+    (row_id, _parent, _name, _kind, mode, size, mtime_ns, uid, gid, nlink, ino, linkname, offset, sparse, rdev, _src) = row
+    return FileInfo(
+        mode=mode,
+        size=size,
+        mtime_ns=mtime_ns,
+        uid=uid,
+        gid=gid,
+        nlink=nlink,
+        ino=ino + 1,  # inode 1 is the root
+        linkname=_decode(linkname),
+        rdev=rdev,
+        locator=ArchiveLocator(offset, sparse),
+    )
+
+
+def scan_tar_into(stream: io.RawIOBase, writer: IndexWriter, label: str, total: Optional[int], progress: bool) -> None:
+    """Scan a tar stream and add every member to ``writer`` (with a progress bar)."""
+    bar = Progress(f"Indexing {label}", total, enabled=progress)
+    count = 0
+
+    def on_progress(position: int) -> None:
+        bar.update(position, count)
+
+    buffered = io.BufferedReader(stream, buffer_size=1 << 20)  # type: ignore[arg-type]
+    try:
+        for record in TarScanner(buffered, label, on_progress):  # type: ignore[arg-type]
+            writer.add(record)
+            count += 1
+    finally:
+        bar.close()
+
+
+class ArchiveSource(MountSource):
+    """Members of one archive. Lookups are indexed SQLite queries (one connection per thread);
+    reads go through the shared, thread-safe ``RandomAccessReader``."""
+
+    def __init__(self, path: str, reader: RandomAccessReader, index: IndexReader, owner: Tuple[int, int]) -> None:
+        self.path = path
+        self._reader = reader
+        self._index = index
+        meta = index.metadata
+        mtime_ns = int(meta.get("archive_mtime_ns", "0"))
+        self._root = FileInfo(
+            mode=stat.S_IFDIR | 0o755,
+            size=0,
+            mtime_ns=mtime_ns,
+            uid=owner[0],
+            gid=owner[1],
+            nlink=int(meta.get("root_nlink", "2")),
+            ino=1,
+        )
+        self._entries = int(meta.get("entries", "0"))
+        self._total_size = int(meta.get("total_size", "0"))
+
+    @property
+    def index_path(self) -> str:
+        return self._index.path
+
+    # --- primitives ---------------------------------------------------------------------------
+    def lookup(self, path: str) -> Optional[FileInfo]:
+        parent, name = split_path(path)
+        row = self._index.lookup(parent, name)
+        if row is not None:
+            info = row_to_info(row)
+            if path == "/":  # the archive's own "./" entry: keep its metadata, but it is the root
+                return FileInfo(
+                    mode=info.mode, size=0, mtime_ns=info.mtime_ns, uid=info.uid, gid=info.gid,
+                    nlink=self._root.nlink, ino=1,
+                )
+            return info
+        if path == "/":
+            return self._root
+        return self._lookup_version(parent, name)
+
+    def _lookup_version(self, parent: bytes, name: bytes) -> Optional[FileInfo]:
+        """``PATH.versions`` (a folder) and ``PATH.versions/N`` (the N-th member named PATH)."""
+        if name.endswith(VERSIONS_SUFFIX):
+            versions = self._index.versions(parent, name[: -len(VERSIONS_SUFFIX)])
+            if not versions:
+                return None
+            newest = row_to_info(versions[-1])
+            return FileInfo(
+                mode=stat.S_IFDIR | 0o555, size=0, mtime_ns=newest.mtime_ns, uid=newest.uid, gid=newest.gid,
+                nlink=2, ino=0,
+            )
+        if name.isdigit() and parent.endswith(VERSIONS_SUFFIX):
+            grand, base = split_path(_decode(parent[: -len(VERSIONS_SUFFIX)]))
+            versions = self._index.versions(grand, base)
+            number = int(name)
+            if 1 <= number <= len(versions) and str(number).encode() == name:
+                return row_to_info(versions[number - 1])
+        return None
+
+    def list_entries(self, path: str) -> Optional[Iterable[Tuple[str, FileInfo]]]:
+        info = self.lookup(path)
+        if info is None or not info.is_dir:
+            return None
+        parent, name = split_path(path)
+        if info.ino == 0 and name.endswith(VERSIONS_SUFFIX):
+            versions = self._index.versions(parent, name[: -len(VERSIONS_SUFFIX)])
+            return [(str(i + 1), row_to_info(row)) for i, row in enumerate(versions)]
+        rows = self._index.list(encode(path))
+        return [(_decode(row[2]), row_to_info(row)) for row in rows if row[2]]
+
+    def open_info(self, info: FileInfo) -> MemberFile:
+        locator = info.locator
+        if not isinstance(locator, ArchiveLocator):
+            raise NotFoundError(2, "not a file of this archive")
+        return MemberFile(self._reader, locator.offset, info.size, unpack_sparse(locator.sparse))
+
+    def statfs(self) -> dict:  # type: ignore[type-arg]
+        blocks = (self._total_size + 4095) // 4096
+        return {
+            "f_bsize": 4096, "f_frsize": 4096, "f_blocks": blocks, "f_bfree": 0, "f_bavail": 0,
+            "f_files": self._entries, "f_ffree": 0, "f_favail": 0, "f_namemax": 255,
+        }
+
+    def close(self) -> None:
+        self._index.close()
+        self._reader.close()
+
+
+def open_archive(path: str, options: Optional[OpenOptions] = None) -> ArchiveSource:
+    """Open (and on first use, index) the archive at ``path``."""
+    from ..compression.registry import open_compressed
+    from ..formats import COMPRESSIONS, sniff_bytes
+
+    options = options or OpenOptions()
+    try:
+        plain = PlainFileReader(path)
+    except FileNotFoundError:
+        raise NotFoundError(2, f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ArchiveError(f"{path}: is a directory, not an archive") from None
+    except PermissionError:
+        raise RatarmountError(f"{path}: permission denied") from None
+    except OSError as exc:
+        raise RatarmountError(f"{path}: cannot open ({exc.strerror})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(plain.fd).st_mode):
+            raise ArchiveError(f"{path}: not a regular file")
+        stats = archive_stats(plain.fd)
+        owner = (os.fstat(plain.fd).st_uid, os.fstat(plain.fd).st_gid)
+        if stats.size == 0:
+            raise ArchiveError(f"{path}: file is empty")
+        fmt = sniff_bytes(plain.pread(0, 512))
+        reader: RandomAccessReader = plain
+        build_options = {"format": fmt.value}
+        if fmt in COMPRESSIONS:
+            reader = open_compressed(path, plain, fmt, options.compression)
+            build_options.update(reader.index_options())  # type: ignore[attr-defined]
+
+        def build(writer: IndexWriter) -> None:
+            total = stats.size if reader is plain else None
+            stream = ReaderStream(reader, total)
+            scan_tar_into(stream, writer, path, total, options.index.progress)
+            if reader is not plain:
+                reader.export_seek_points(writer)  # type: ignore[attr-defined]
+
+        index = open_or_build(path, stats, options.index, build_options, build, owner)
+        if reader is not plain:
+            reader.import_seek_points(index)  # type: ignore[attr-defined]
+        return ArchiveSource(path, reader, index, owner)
+    except ArchiveError as exc:
+        plain.close()
+        message = str(exc)
+        raise type(exc)(message if message.startswith(path) else f"{path}: {message}") from None
+    except BaseException:
+        plain.close()
+        raise
+
+
+def open_archives(paths: List[str], options: Optional[OpenOptions] = None) -> List[ArchiveSource]:
+    return [open_archive(p, options) for p in paths]

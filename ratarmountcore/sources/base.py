@@ -1,0 +1,160 @@
+"""The one interface between file formats and consumers (FUSE, Python users).
+
+A ``MountSource`` answers four primitives -- ``lookup``, ``list_entries``, ``open_info`` and
+``close`` -- and gets the user-facing conveniences (``stat``, ``listdir``, ``open``, ``readlink``,
+``exists``) from this base class.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import posixpath
+import stat as stat_module
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from ..io.readers import MemberFile
+from ..errors import (
+    IsADirectoryRatarmountError,
+    NotADirectoryRatarmountError,
+    NotASymlinkError,
+    NotFoundError,
+)
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    mode: int
+    size: int
+    mtime_ns: int
+    uid: int
+    gid: int
+    nlink: int = 1
+    ino: int = 0
+    linkname: str = ""
+    rdev: int = 0
+    #: Source-specific locator of the data (typed by each source; opaque to everyone else).
+    locator: Any = None
+
+    @property
+    def is_dir(self) -> bool:
+        return stat_module.S_ISDIR(self.mode)
+
+    @property
+    def is_symlink(self) -> bool:
+        return stat_module.S_ISLNK(self.mode)
+
+    @property
+    def is_file(self) -> bool:
+        return stat_module.S_ISREG(self.mode)
+
+    def to_stat_result(self) -> os.stat_result:
+        mtime = self.mtime_ns / 1e9
+        blocks = (self.size + 511) // 512
+        return os.stat_result(
+            (self.mode, self.ino, 0, self.nlink, self.uid, self.gid, self.size, mtime, mtime, mtime)
+            + (mtime, mtime, mtime)
+            + (self.mtime_ns, self.mtime_ns, self.mtime_ns)
+            + (4096, blocks, self.rdev),
+        )
+
+
+def normalize(path: str) -> str:
+    """Absolute, normalized lookup path; never climbs above "/"."""
+    path = posixpath.normpath("/" + path.lstrip("/"))
+    return "/" + path.lstrip("/")
+
+
+class MountSource(ABC):
+    """Read-only tree of files. Implementations must be safe to call from many threads."""
+
+    # --- primitives ---------------------------------------------------------------------------
+    @abstractmethod
+    def lookup(self, path: str) -> Optional[FileInfo]:
+        """Metadata of ``path`` (normalized, absolute), or None if it does not exist."""
+
+    @abstractmethod
+    def list_entries(self, path: str) -> Optional[Iterable[Tuple[str, FileInfo]]]:
+        """(name, info) of the entries of directory ``path``, or None if it is not a directory."""
+
+    @abstractmethod
+    def open_info(self, info: FileInfo) -> MemberFile:
+        """A seekable binary file for a regular file's ``info``."""
+
+    def close(self) -> None:
+        """Release files and connections."""
+
+    # --- capabilities -------------------------------------------------------------------------
+    @property
+    def is_immutable(self) -> bool:
+        """True when contents never change while mounted (lets FUSE cache everything)."""
+        return True
+
+    def statfs(self) -> Dict[str, int]:
+        return {"f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255}
+
+    # --- conveniences -------------------------------------------------------------------------
+    def __enter__(self) -> "MountSource":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _require(self, path: str) -> FileInfo:
+        info = self.lookup(normalize(path))
+        if info is None:
+            raise NotFoundError(2, "No such file or directory", path)
+        return info
+
+    def exists(self, path: str) -> bool:
+        return self.lookup(normalize(path)) is not None
+
+    def stat(self, path: str) -> os.stat_result:
+        return self._require(path).to_stat_result()
+
+    def info(self, path: str) -> FileInfo:
+        return self._require(path)
+
+    def is_dir(self, path: str) -> bool:
+        info = self.lookup(normalize(path))
+        return info is not None and info.is_dir
+
+    def listdir(self, path: str = "/") -> List[str]:
+        entries = self.list_entries(normalize(path))
+        if entries is None:
+            self._require(path)
+            raise NotADirectoryRatarmountError(20, "Not a directory", path)
+        return sorted(name for name, _ in entries)
+
+    def readlink(self, path: str) -> str:
+        info = self._require(path)
+        if not info.is_symlink:
+            raise NotASymlinkError(22, "Not a symbolic link", path)
+        return info.linkname
+
+    def open(self, path: str, buffering: int = io.DEFAULT_BUFFER_SIZE) -> io.BufferedReader:
+        """Open a regular file for binary reading. Symlinks are not followed (the core never
+        resolves them); open their target path yourself."""
+        info = self._require(path)
+        if info.is_dir:
+            raise IsADirectoryRatarmountError(21, "Is a directory", path)
+        raw = self.open_info(info)
+        return io.BufferedReader(raw, buffer_size=max(buffering, 1))  # type: ignore[arg-type]
+
+    def read(self, path: str) -> bytes:
+        with self.open(path) as f:
+            return f.read()
+
+    def walk(self, top: str = "/") -> Iterable[Tuple[str, List[str], List[str]]]:
+        """Like ``os.walk`` (top-down, no symlink following)."""
+        stack = [normalize(top)]
+        while stack:
+            folder = stack.pop()
+            entries = self.list_entries(folder) or []
+            dirs = sorted(name for name, info in entries if info.is_dir)
+            files = sorted(name for name, info in entries if not info.is_dir)
+            yield folder, dirs, files
+            stack.extend(posixpath.join(folder, d) for d in reversed(dirs))
+

@@ -1,0 +1,29 @@
+"""Turn what the user named (paths, lists of paths) into one MountSource."""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence, Union
+
+from ..options import OpenOptions
+from .archive import open_archive
+from .base import MountSource
+
+
+def open_source(source: Union[str, Sequence[str]], options: OpenOptions) -> MountSource:
+    if isinstance(source, (str, os.PathLike)):
+        return open_archive(os.fspath(source), options)
+    paths = [os.fspath(p) for p in source]
+    if len(paths) == 1:
+        return open_archive(paths[0], options)
+    from .union import UnionSource
+
+    opened = []
+    try:
+        for path in paths:
+            opened.append(open_archive(path, options))
+    except BaseException:
+        for src in opened:
+            src.close()
+        raise
+    return UnionSource(opened)

@@ -1,0 +1,441 @@
+"""Streaming tar scanner: a (decompressed) byte stream in, one ``MemberRecord`` per member out.
+
+Understands ustar, old GNU and GNU (long names ``L``/``K``, sparse ``S``), POSIX pax (local and
+global extended headers, GNU sparse formats 0.0, 0.1 and 1.0) and v7 headers. It never reads
+member data except for the sparse maps of pax 1.0 sparse files, so scanning costs one 512-byte
+read and one seek per member.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import posixpath
+import stat
+from dataclasses import dataclass
+from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple
+
+from ..errors import CorruptHeaderError, EmptyArchiveError, TruncatedArchiveError, UnsupportedFormatError
+from ..formats import tar_header_checksum_ok
+
+logger = logging.getLogger(__name__)
+
+BLOCK = 512
+ZERO_BLOCK = b"\0" * BLOCK
+
+# Member kinds as stored in the index (one character each).
+KIND_FILE = "f"
+KIND_DIR = "d"
+KIND_SYMLINK = "l"
+KIND_HARDLINK = "h"
+KIND_CHAR = "c"
+KIND_BLOCK = "b"
+KIND_FIFO = "p"
+
+_KIND_BITS = {
+    KIND_FILE: stat.S_IFREG,
+    KIND_DIR: stat.S_IFDIR,
+    KIND_SYMLINK: stat.S_IFLNK,
+    KIND_HARDLINK: stat.S_IFREG,
+    KIND_CHAR: stat.S_IFCHR,
+    KIND_BLOCK: stat.S_IFBLK,
+    KIND_FIFO: stat.S_IFIFO,
+}
+
+_TYPEFLAG_KIND = {
+    b"0": KIND_FILE,
+    b"\0": KIND_FILE,
+    b"7": KIND_FILE,
+    b"1": KIND_HARDLINK,
+    b"2": KIND_SYMLINK,
+    b"3": KIND_CHAR,
+    b"4": KIND_BLOCK,
+    b"5": KIND_DIR,
+    b"6": KIND_FIFO,
+    b"D": KIND_DIR,  # GNU dumpdir: a directory with a listing as data
+    b"S": KIND_FILE,  # GNU old sparse file
+}
+
+Extents = List[Tuple[int, int]]  # (offset in the file, length); data stored back to back
+
+
+@dataclass
+class MemberRecord:
+    path: str  # normalized, absolute ("/a/b"); "/" for the archive's own root entry
+    kind: str
+    mode: int  # st_mode with type bits
+    size: int  # apparent size (real size for sparse files)
+    mtime_ns: int
+    uid: int
+    gid: int
+    linkname: str  # symlink target as stored, or normalized hard-link target path
+    offset_header: int
+    offset_data: int
+    sparse: Optional[Extents] = None
+    rdev: int = 0
+
+
+def normalize_path(name: str) -> str:
+    """Map a member name to an absolute path that cannot leave the root.
+
+    Leading slashes and ``./`` are dropped, ``//`` collapsed, and ``..`` is resolved against the
+    archive root, so ``../../etc/passwd`` becomes ``/etc/passwd`` *inside* the mount.
+    """
+    path = posixpath.normpath("/" + name.lstrip("/"))
+    if path.startswith("//"):
+        path = "/" + path.lstrip("/")
+    return path
+
+
+def decode_name(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _cstr(field: bytes) -> bytes:
+    end = field.find(b"\0")
+    return field if end < 0 else field[:end]
+
+
+def parse_number(field: bytes, what: str, offset: int) -> int:
+    """Octal (space/NUL terminated) or GNU base-256 number field."""
+    if field and field[0] & 0x80:
+        if field[0] == 0xFF:
+            return int.from_bytes(field, "big", signed=True)
+        return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
+    text = _cstr(field).strip(b" \0")
+    if not text:
+        return 0
+    try:
+        return int(text, 8)
+    except ValueError:
+        raise CorruptHeaderError(f"invalid {what} field {field!r} in tar header at offset {offset}") from None
+
+
+def parse_pax_time_ns(value: str) -> int:
+    negative = value.startswith("-")
+    if negative:
+        value = value[1:]
+    whole, _, frac = value.partition(".")
+    ns = int(whole or "0") * 1_000_000_000 + int((frac + "000000000")[:9] or "0")
+    return -ns if negative else ns
+
+
+def parse_pax_records(data: bytes, offset: int) -> List[Tuple[str, bytes]]:
+    """Parse ``LEN KEY=VALUE\\n`` records; keeps order and duplicates (sparse 0.0 needs both)."""
+    records: List[Tuple[str, bytes]] = []
+    pos = 0
+    n = len(data)
+    while pos < n:
+        if data[pos] == 0:
+            break
+        space = data.find(b" ", pos)
+        if space < 0:
+            break
+        try:
+            length = int(data[pos:space])
+        except ValueError:
+            raise CorruptHeaderError(f"invalid pax record in extended header at offset {offset}") from None
+        if length <= 0 or pos + length > n:
+            raise CorruptHeaderError(f"invalid pax record length in extended header at offset {offset}")
+        record = data[space + 1 : pos + length]
+        if not record.endswith(b"\n") or b"=" not in record:
+            raise CorruptHeaderError(f"malformed pax record in extended header at offset {offset}")
+        key, _, value = record[:-1].partition(b"=")
+        records.append((key.decode("utf-8", "surrogateescape"), value))
+        pos += length
+    return records
+
+
+class TarScanner:
+    """Iterate the members of a tar stream.
+
+    ``stream`` must support ``read`` and ``seek``; forward seeks on a decompressor are fine.
+    ``on_progress(position)`` is called every few hundred members.
+    """
+
+    def __init__(
+        self,
+        stream: BinaryIO,
+        name: str = "archive",
+        on_progress: Optional[Callable[[int], None]] = None,
+    ) -> None:
+        self._stream = stream
+        self._name = name
+        self._on_progress = on_progress
+        self._global_pax: Dict[str, bytes] = {}
+
+    # --- helpers -------------------------------------------------------------------------------
+    def _read_exact(self, pos: int, size: int, what: str) -> bytes:
+        self._stream.seek(pos)
+        data = self._stream.read(size)
+        if len(data) < size:
+            raise TruncatedArchiveError(f"archive ends inside {what} at offset {pos}")
+        return data
+
+    def _stream_size(self) -> int:
+        self._stream.seek(0, io.SEEK_END)
+        return self._stream.tell()
+
+    # --- main loop -----------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[MemberRecord]:  # noqa: C901 - one state machine, kept together
+        stream = self._stream
+        pos = 0
+        count = 0
+        last_data_end = 0
+        long_name: Optional[bytes] = None
+        long_link: Optional[bytes] = None
+        pax: Optional[List[Tuple[str, bytes]]] = None
+        header_start: Optional[int] = None  # start of the first of chained meta headers
+
+        stream.seek(0)
+        while True:
+            block = stream.read(BLOCK)
+            if len(block) < BLOCK:
+                if pos == 0 and not block:
+                    raise EmptyArchiveError("file is empty")
+                if block:
+                    raise TruncatedArchiveError(f"archive ends inside a header at offset {pos}")
+                # EOF exactly at a header boundary: accept as the end, unless data is missing.
+                if self._stream_size() < last_data_end:
+                    raise TruncatedArchiveError(f"archive ends inside member data before offset {last_data_end}")
+                if long_name is not None or long_link is not None or pax is not None:
+                    raise TruncatedArchiveError("archive ends after an extended header without its member")
+                return
+            if block == ZERO_BLOCK:
+                # End-of-archive marker. Data of the previous member is known to be present.
+                if long_name is not None or pax is not None:
+                    raise CorruptHeaderError(f"extended header at offset {header_start} is not followed by a member")
+                return
+            if not tar_header_checksum_ok(block):
+                if pos == 0:
+                    raise UnsupportedFormatError("not a tar archive (no valid tar header at the start)")
+                raise CorruptHeaderError(f"corrupted tar header (checksum mismatch) at offset {pos}")
+
+            typeflag = block[156:157]
+            size = parse_number(block[124:136], "size", pos)
+            if size < 0:
+                raise CorruptHeaderError(f"negative member size in tar header at offset {pos}")
+            data_start = pos + BLOCK
+            data_end_padded = data_start + ((size + BLOCK - 1) // BLOCK) * BLOCK
+            if header_start is None:
+                header_start = pos
+
+            if typeflag in (b"L", b"K", b"x", b"X", b"g"):
+                payload = self._read_exact(data_start, size, "an extended header")
+                if typeflag == b"L":
+                    long_name = _cstr(payload)
+                elif typeflag == b"K":
+                    long_link = _cstr(payload)
+                elif typeflag == b"g":
+                    for key, value in parse_pax_records(payload, pos):
+                        self._global_pax[key] = value
+                    header_start = None
+                else:
+                    pax = (pax or []) + parse_pax_records(payload, pos)
+                pos = data_end_padded
+                stream.seek(pos)
+                continue
+            if typeflag in (b"V", b"N"):  # volume label, old GNU rename list: not members
+                pos = data_end_padded
+                stream.seek(pos)
+                header_start = None
+                continue
+            if typeflag == b"M":
+                raise UnsupportedFormatError(f"multi-volume continuation member at offset {pos} is not supported")
+
+            record, data_end = self._make_record(block, pos, header_start, size, long_name, long_link, pax)
+            long_name = long_link = pax = None
+            header_start = None
+            last_data_end = max(last_data_end, data_end)
+            pos = ((data_end + BLOCK - 1) // BLOCK) * BLOCK
+            stream.seek(pos)
+            count += 1
+            if self._on_progress is not None and count % 512 == 0:
+                self._on_progress(pos)
+            yield record
+
+    def _make_record(  # noqa: C901 - field precedence rules of three formats
+        self,
+        block: bytes,
+        pos: int,
+        header_start: int,
+        size: int,
+        long_name: Optional[bytes],
+        long_link: Optional[bytes],
+        local_pax: Optional[List[Tuple[str, bytes]]],
+    ) -> Tuple[MemberRecord, int]:
+        typeflag = block[156:157]
+        magic = block[257:263]
+        is_ustar = magic == b"ustar\0"
+        is_oldgnu = block[257:265] == b"ustar  \0"
+
+        raw_name = _cstr(block[0:100])
+        if is_ustar:
+            prefix = _cstr(block[345:500])
+            if prefix:
+                raw_name = prefix + b"/" + raw_name
+        if long_name is not None:
+            raw_name = long_name
+        raw_link = long_link if long_link is not None else _cstr(block[157:257])
+
+        mode_bits = parse_number(block[100:108], "mode", pos) & 0o7777
+        uid = parse_number(block[108:116], "uid", pos)
+        gid = parse_number(block[116:124], "gid", pos)
+        mtime_ns = parse_number(block[136:148], "mtime", pos) * 1_000_000_000
+        data_offset = pos + BLOCK
+        stored_size = size
+        real_size = size
+        sparse: Optional[Extents] = None
+        rdev = 0
+
+        kind = _TYPEFLAG_KIND.get(typeflag, KIND_FILE)
+        if kind == KIND_FILE and raw_name.endswith(b"/") and typeflag in (b"0", b"\0") and not is_ustar:
+            kind = KIND_DIR  # v7 convention for directories
+        if kind in (KIND_CHAR, KIND_BLOCK) and (is_ustar or is_oldgnu):
+            major = parse_number(block[329:337], "devmajor", pos)
+            minor = parse_number(block[337:345], "devminor", pos)
+            rdev = ((major & 0xFFF) << 8) | (minor & 0xFF) | ((minor & ~0xFF) << 12) | ((major & ~0xFFF) << 32)
+
+        if typeflag == b"S":  # old GNU sparse: map in the header plus extension blocks
+            sparse = []
+            self._append_sparse_entries(block[386:482], 4, sparse, pos)
+            extended = block[482]
+            real_size = parse_number(block[483:495], "realsize", pos)
+            ext_pos = data_offset
+            while extended:
+                ext = self._read_exact(ext_pos, BLOCK, "a sparse extension header")
+                self._append_sparse_entries(ext[:504], 21, sparse, ext_pos)
+                extended = ext[504]
+                ext_pos += BLOCK
+            data_offset = ext_pos
+
+        pax: Dict[str, bytes] = dict(self._global_pax)
+        if local_pax:
+            pax.update(local_pax)
+        if pax:
+            charset_binary = pax.get("hdrcharset") == b"BINARY"
+
+            def text(key: str) -> Optional[str]:
+                value = pax.get(key)
+                if value is None:
+                    return None
+                return value.decode("utf-8", "surrogateescape") if not charset_binary else decode_name(value)
+
+            def number(key: str) -> Optional[int]:
+                value = text(key)
+                if value is None:
+                    return None
+                try:
+                    return int(value)
+                except ValueError:
+                    raise CorruptHeaderError(f"invalid pax {key}={value!r} for member at offset {pos}") from None
+
+            if "path" in pax:
+                raw_name = pax["path"]
+            if "linkpath" in pax:
+                raw_link = pax["linkpath"]
+            for key, setter in (("uid", "uid"), ("gid", "gid")):
+                value = number(key)
+                if value is not None:
+                    if setter == "uid":
+                        uid = value
+                    else:
+                        gid = value
+            if "mtime" in pax:
+                try:
+                    mtime_ns = parse_pax_time_ns(text("mtime") or "0")
+                except ValueError:
+                    raise CorruptHeaderError(f"invalid pax mtime for member at offset {pos}") from None
+            pax_size = number("size")
+            if pax_size is not None:
+                stored_size = real_size = pax_size
+            sparse, real_size, data_offset, raw_name = self._pax_sparse(
+                local_pax or [], pax, number, sparse, real_size, data_offset, stored_size, raw_name, pos
+            )
+
+        if kind in (KIND_DIR, KIND_SYMLINK, KIND_HARDLINK, KIND_CHAR, KIND_BLOCK, KIND_FIFO):
+            real_size = 0 if kind != KIND_SYMLINK else len(raw_link)
+        # Old GNU sparse extension blocks come on top of the stored size; a pax 1.0 sparse map
+        # is part of it.
+        data_end = (data_offset if typeflag == b"S" else pos + BLOCK) + stored_size
+
+        name = decode_name(raw_name)
+        link = decode_name(raw_link)
+        if kind == KIND_HARDLINK:
+            link = normalize_path(link)
+        record = MemberRecord(
+            path=normalize_path(name),
+            kind=kind,
+            mode=mode_bits | _KIND_BITS[kind],
+            size=real_size,
+            mtime_ns=mtime_ns,
+            uid=uid,
+            gid=gid,
+            linkname=link,
+            offset_header=header_start,
+            offset_data=data_offset,
+            sparse=sparse,
+            rdev=rdev,
+        )
+        return record, data_end
+
+    @staticmethod
+    def _append_sparse_entries(area: bytes, count: int, out: Extents, pos: int) -> None:
+        for i in range(count):
+            entry = area[i * 24 : i * 24 + 24]
+            if entry[:12].strip(b"\0") == b"":
+                break
+            out.append(
+                (parse_number(entry[:12], "sparse offset", pos), parse_number(entry[12:24], "sparse length", pos))
+            )
+
+    def _pax_sparse(
+        self,
+        local_pax: List[Tuple[str, bytes]],
+        pax: Dict[str, bytes],
+        number: Callable[[str], Optional[int]],
+        sparse: Optional[Extents],
+        real_size: int,
+        data_offset: int,
+        stored_size: int,
+        raw_name: bytes,
+        pos: int,
+    ) -> Tuple[Optional[Extents], int, int, bytes]:
+        major = number("GNU.sparse.major")
+        if "GNU.sparse.name" in pax:
+            raw_name = pax["GNU.sparse.name"]
+        if major == 1:  # 1.0: the map is at the start of the data, in decimal lines
+            real_size = number("GNU.sparse.realsize") or 0
+            sparse, map_bytes = self._read_sparse_map_1_0(data_offset, stored_size, pos)
+            return sparse, real_size, data_offset + map_bytes, raw_name
+        if "GNU.sparse.map" in pax:  # 0.1
+            values = [int(v) for v in pax["GNU.sparse.map"].decode().split(",") if v]
+            sparse = list(zip(values[0::2], values[1::2]))
+            real_size = number("GNU.sparse.size") or number("GNU.sparse.realsize") or 0
+            return sparse, real_size, data_offset, raw_name
+        offsets = [int(v) for k, v in local_pax if k == "GNU.sparse.offset"]
+        if offsets:  # 0.0: repeated offset/numbytes records
+            lengths = [int(v) for k, v in local_pax if k == "GNU.sparse.numbytes"]
+            sparse = list(zip(offsets, lengths))
+            real_size = number("GNU.sparse.size") or 0
+        return sparse, real_size, data_offset, raw_name
+
+    def _read_sparse_map_1_0(self, data_offset: int, stored_size: int, pos: int) -> Tuple[Extents, int]:
+        chunk = self._read_exact(data_offset, min(stored_size, BLOCK), "a sparse map")
+        blocks = 1
+        while True:
+            lines = chunk.split(b"\n")
+            try:
+                count = int(lines[0])
+            except ValueError:
+                raise CorruptHeaderError(f"invalid sparse map for member at offset {pos}") from None
+            if len(lines) - 1 >= 2 * count + 1 or blocks * BLOCK >= stored_size:
+                break
+            chunk += self._read_exact(data_offset + blocks * BLOCK, BLOCK, "a sparse map")
+            blocks += 1
+        if len(lines) - 1 < 2 * count:
+            raise CorruptHeaderError(f"truncated sparse map for member at offset {pos}")
+        values = [int(v) for v in lines[1 : 1 + 2 * count]]
+        map_len = len(b"\n".join(lines[: 1 + 2 * count])) + 1
+        map_bytes = ((map_len + BLOCK - 1) // BLOCK) * BLOCK
+        return list(zip(values[0::2], values[1::2])), map_bytes
