@@ -1,0 +1,197 @@
+"""``ratarmount [OPTIONS] ARCHIVE [ARCHIVE...] MOUNTPOINT`` and ``ratarmount -u MOUNTPOINT``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Union
+
+from ratarmountcore import __version__
+from ratarmountcore.errors import RatarmountError
+from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
+
+logger = logging.getLogger("ratarmount")
+
+
+@dataclass(frozen=True)
+class MountOptions:
+    sources: List[str]
+    mountpoint: str
+    open_options: OpenOptions
+    foreground: bool = False
+    debug: int = 0
+    fuse_options: Dict[str, Union[str, bool]] = field(default_factory=dict)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ratarmount",
+        description="Mount tar archives (plain, .gz, .bz2, .zst, .xz) read-only. The first mount writes an "
+        "SQLite index next to the archive (or in ~/.cache/ratarmount); later mounts open instantly.",
+        epilog="Unmount with: ratarmount -u MOUNTPOINT",
+    )
+    parser.add_argument("paths", nargs="*", metavar="ARCHIVE... MOUNTPOINT", help="archives, then the mount point")
+    parser.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground (Ctrl+C unmounts)")
+    parser.add_argument("-u", "--unmount", metavar="MOUNTPOINT", help="unmount MOUNTPOINT and exit")
+    parser.add_argument(
+        "-o", "--fuse", action="append", default=[], metavar="OPTIONS",
+        help="comma-separated FUSE options, e.g. -o allow_other,uid=1000",
+    )
+    parser.add_argument("--index-file", help="read/write the index at this path")
+    parser.add_argument(
+        "--index-folders",
+        help="comma-separated folders to look for and write indexes in; an empty entry means 'beside the "
+        "archive' (default: ',~/.cache/ratarmount')",
+    )
+    parser.add_argument("--recreate-index", action="store_true", help="rebuild the index even if a valid one exists")
+    parser.add_argument("-r", "--recursive", action="store_true", help="mount archives inside archives as folders")
+    parser.add_argument(
+        "-P", "--parallelization", type=int, default=0, metavar="N",
+        help="threads for parallel decompression (default 0: all cores)",
+    )
+    parser.add_argument("--gzip-backend", choices=["rapidgzip", "indexed_gzip"], help="force a gzip backend")
+    parser.add_argument(
+        "--seek-point-spacing", "--gzip-seek-point-spacing", type=float, default=4.0, metavar="MiB",
+        help="distance between decompressor seek points stored in the index, in MiB (default 4)",
+    )
+    parser.add_argument("--version", action="store_true", help="print versions of ratarmount and its backends")
+    parser.add_argument(
+        "-d", "--debug", action="count", default=0,
+        help="log debug messages and show tracebacks; twice also enables libfuse's debug output",
+    )
+    return parser
+
+
+def parse_fuse_options(values: Sequence[str]) -> Dict[str, Union[str, bool]]:
+    options: Dict[str, Union[str, bool]] = {}
+    for value in values:
+        for item in value.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            key, eq, val = item.partition("=")
+            options[key] = val if eq else True
+    return options
+
+
+def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> MountOptions:
+    if len(args.paths) < 2:
+        parser.error("need at least one ARCHIVE and a MOUNTPOINT")
+    folders = IndexOptions().index_folders
+    if args.index_folders is not None:
+        folders = tuple(f.strip() for f in args.index_folders.split(","))
+    index = IndexOptions(index_file=args.index_file, index_folders=folders, recreate=args.recreate_index)
+    if args.index_file and len(args.paths) > 2:
+        parser.error("--index-file works with a single archive only")
+    compression = CompressionOptions(
+        parallelization=args.parallelization,
+        gzip_backend=args.gzip_backend,
+        seek_point_spacing=max(1, int(args.seek_point_spacing * 1024 * 1024)),
+    )
+    return MountOptions(
+        sources=args.paths[:-1],
+        mountpoint=args.paths[-1],
+        open_options=OpenOptions(index=index, compression=compression, recursive=args.recursive),
+        foreground=args.foreground,
+        debug=args.debug,
+        fuse_options=parse_fuse_options(args.fuse),
+    )
+
+
+def version_text() -> str:
+    from importlib import metadata
+
+    from .fuse_compat import libfuse_version
+
+    def dist_version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    import sqlite3
+
+    lines = [
+        f"ratarmount {__version__}",
+        f"python {sys.version.split()[0]}",
+        f"mfusepy {dist_version('mfusepy')} (libfuse {libfuse_version()})",
+        f"sqlite {sqlite3.sqlite_version}",
+    ]
+    from ratarmountcore.compression import backend_versions
+
+    lines.extend(f"{name} {version}" for name, version in backend_versions().items())
+    return "\n".join(lines)
+
+
+def check_mountpoint(path: str, fuse_options: Dict[str, Union[str, bool]]) -> None:
+    if not os.path.exists(path):
+        raise RatarmountError(f"mount point {path} does not exist")
+    if not os.path.isdir(path):
+        raise RatarmountError(f"mount point {path} is not a directory")
+    if os.path.ismount(path):
+        raise RatarmountError(f"mount point {path} is already a mount point; unmount it first (ratarmount -u {path})")
+    if "nonempty" not in fuse_options and os.listdir(path):
+        raise RatarmountError(f"mount point {path} is not empty (pass -o nonempty to mount over it anyway)")
+
+
+def unmount(mountpoint: str) -> None:
+    if not os.path.ismount(mountpoint):
+        raise RatarmountError(f"{mountpoint} is not a mount point")
+    for tool, args in (("fusermount3", ["-u"]), ("fusermount", ["-u"]), ("umount", [])):
+        exe = shutil.which(tool)
+        if exe is None:
+            continue
+        result = subprocess.run([exe, *args, mountpoint], capture_output=True, text=True)
+        if result.returncode == 0:
+            return
+        message = (result.stderr or result.stdout).strip().splitlines()
+        raise RatarmountError(f"cannot unmount {mountpoint}: {message[-1] if message else 'unknown error'}")
+    raise RatarmountError("cannot unmount: neither fusermount3, fusermount nor umount is installed")
+
+
+def setup_logging(debug: int) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.WARNING,
+        format="ratarmount: %(levelname)s: %(message)s" if debug else "ratarmount: %(message)s",
+    )
+    if debug:
+        logging.getLogger("ratarmount").setLevel(logging.DEBUG)
+    else:
+        logging.getLogger("ratarmountcore.index.builder").setLevel(logging.INFO)
+
+
+def describe(exc: BaseException) -> str:
+    """One line naming the file and the cause."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    return str(exc)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.debug)
+    try:
+        if args.version:
+            print(version_text())
+            return 0
+        if args.unmount:
+            unmount(args.unmount)
+            return 0
+        options = to_mount_options(args, parser)
+        from .mount import mount
+
+        return mount(options)
+    except KeyboardInterrupt:
+        print("ratarmount: interrupted", file=sys.stderr)
+        return 130
+    except (RatarmountError, OSError) as exc:
+        if args.debug:
+            logger.exception("failed")
+        print(f"ratarmount: error: {describe(exc)}", file=sys.stderr)
+        return 1

@@ -1,0 +1,141 @@
+"""FUSE operations: a thin translation of ``MountSource`` into errno.
+
+Threading model: libfuse runs its multi-threaded loop; every callback may run concurrently.
+``MountSource`` implementations are thread-safe (one SQLite connection per thread, ``pread`` on
+shared descriptors), so no lock is held around lookups or reads. The only shared mutable state
+here is the open-handle table, a dict whose single-key operations are atomic under the GIL.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import itertools
+import logging
+import os
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar, Union
+
+from ratarmountcore.errors import RatarmountError
+from ratarmountcore.io.readers import MemberFile
+from ratarmountcore.sources.base import FileInfo, MountSource, normalize
+
+from .fuse_compat import fuse
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _errno_of(exc: BaseException) -> int:
+    if isinstance(exc, RatarmountError):
+        return exc.errno_code
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno
+    return errno.EIO
+
+
+def translate_errors(method: F) -> F:
+    """Turn exceptions into FuseOSError; unexpected ones are logged and become EIO."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except fuse.FuseOSError:
+            raise
+        except Exception as exc:
+            code = _errno_of(exc)
+            if code == errno.EIO:
+                logger.error("%s%s failed: %s", method.__name__, args[1:2], exc, exc_info=logger.isEnabledFor(logging.DEBUG))
+            raise fuse.FuseOSError(code) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def info_to_attrs(info: FileInfo) -> Dict[str, int]:
+    return {
+        "st_mode": info.mode,
+        "st_ino": info.ino,
+        "st_nlink": info.nlink,
+        "st_uid": info.uid,
+        "st_gid": info.gid,
+        "st_size": info.size,
+        "st_mtime": info.mtime_ns,
+        "st_atime": info.mtime_ns,
+        "st_ctime": info.mtime_ns,
+        "st_rdev": info.rdev,
+        "st_blksize": 4096,
+        "st_blocks": (info.size + 511) // 512,
+    }
+
+
+class FuseOperations(fuse.Operations if fuse is not None else object):  # type: ignore[misc]
+    use_ns = True  # times are integers in nanoseconds
+
+    def __init__(self, source: MountSource, on_ready: Optional[Callable[[], None]] = None) -> None:
+        self.source = source
+        self._on_ready = on_ready
+        self._handles: Dict[int, MemberFile] = {}
+        self._next_handle = itertools.count(1)
+
+    def _info(self, path: str) -> FileInfo:
+        info = self.source.lookup(normalize(path))
+        if info is None:
+            raise fuse.FuseOSError(errno.ENOENT)
+        return info
+
+    def init(self, path: str) -> None:
+        if self._on_ready is not None:
+            self._on_ready()
+
+    def destroy(self, path: str) -> None:
+        self._handles.clear()
+
+    @translate_errors
+    def getattr(self, path: str, fh: Optional[int] = None) -> Dict[str, int]:
+        return info_to_attrs(self._info(path))
+
+    @translate_errors
+    def readdir(self, path: str, fh: int) -> Iterable[Union[str, Tuple[str, Dict[str, int], int]]]:
+        entries = self.source.list_entries(normalize(path))
+        if entries is None:
+            self._info(path)
+            raise fuse.FuseOSError(errno.ENOTDIR)
+        result: List[Union[str, Tuple[str, Dict[str, int], int]]] = [".", ".."]
+        result.extend((name, info_to_attrs(info), 0) for name, info in entries)
+        return result
+
+    @translate_errors
+    def readlink(self, path: str) -> str:
+        info = self._info(path)
+        if not info.is_symlink:
+            raise fuse.FuseOSError(errno.EINVAL)
+        return info.linkname
+
+    @translate_errors
+    def open(self, path: str, flags: int) -> int:
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            raise fuse.FuseOSError(errno.EROFS)
+        info = self._info(path)
+        if info.is_dir:
+            raise fuse.FuseOSError(errno.EISDIR)
+        handle = next(self._next_handle)
+        self._handles[handle] = self.source.open_info(info)
+        return handle
+
+    @translate_errors
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        member = self._handles.get(fh)
+        if member is None:
+            raise fuse.FuseOSError(errno.EBADF)
+        return member.pread(offset, size)
+
+    def release(self, path: str, fh: int) -> int:
+        member = self._handles.pop(fh, None)
+        if member is not None:
+            member.close()
+        return 0
+
+    @translate_errors
+    def statfs(self, path: str) -> Dict[str, int]:
+        return self.source.statfs()

@@ -1,0 +1,130 @@
+"""Mounting: open the sources, start FUSE, daemonize once the mount is ready.
+
+Daemon protocol: the parent forks before opening anything (no SQLite connection or decompressor
+thread crosses a fork). The child opens the sources -- building the index with a progress bar on
+the inherited stderr -- and mounts. libfuse calls ``init`` once the kernel has the mount; the
+child then writes one NUL byte into a pipe and detaches its stdio. Anything else on the pipe is an
+error message for the parent to print; EOF without the NUL byte means the child died.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Callable, Dict, Optional, Union
+
+from ratarmountcore.errors import RatarmountError
+from ratarmountcore.sources.factory import open_source
+
+from .cli import MountOptions, check_mountpoint
+
+logger = logging.getLogger(__name__)
+
+READY = b"\0"
+
+
+def fuse_kwargs(options: MountOptions, source_label: str) -> Dict[str, Union[str, bool]]:
+    kwargs: Dict[str, Union[str, bool]] = {
+        "ro": True,
+        "fsname": f"ratarmount:{source_label}"[:200].replace(",", "_"),
+        "subtype": "ratarmount",
+        "use_ino": True,
+        "default_permissions": True,
+        # The tree never changes while mounted: let the kernel cache pages, attributes, entries
+        # and misses for a day.
+        "kernel_cache": True,
+        "attr_timeout": "86400",
+        "entry_timeout": "86400",
+        "negative_timeout": "86400",
+    }
+    kwargs.update(options.fuse_options)
+    kwargs.pop("nonempty", None)  # checked by us; libfuse 3 rejects it
+    return kwargs
+
+
+def run_fuse(options: MountOptions, on_ready: Optional[Callable[[], None]]) -> None:
+    from .fuse_compat import FUSE, IMPORT_ERROR
+    from .fuse_ops import FuseOperations
+
+    if FUSE is None:
+        raise RatarmountError(f"the FUSE binding mfusepy cannot be loaded: {IMPORT_ERROR}")
+    source = open_source(options.sources, options.open_options)
+    label = os.path.basename(options.sources[0]) + ("" if len(options.sources) == 1 else ",...")
+    try:
+        operations = FuseOperations(source, on_ready)
+        FUSE(
+            operations,
+            options.mountpoint,
+            foreground=True,
+            debug=options.debug >= 2,
+            **fuse_kwargs(options, label),
+        )
+    finally:
+        source.close()
+
+
+def mount(options: MountOptions) -> int:
+    check_mountpoint(options.mountpoint, options.fuse_options)
+    for path in options.sources:
+        if not os.path.exists(path):
+            raise RatarmountError(f"{path}: no such file or directory")
+    if options.foreground:
+        run_fuse(options, None)
+        return 0
+    return _daemonize(options)
+
+
+def _detach_stdio() -> None:
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def _daemonize(options: MountOptions) -> int:
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(read_end)
+        os.setsid()
+        status = 0
+
+        def on_ready() -> None:
+            try:
+                os.write(write_end, READY)
+                os.close(write_end)
+            except OSError:
+                pass
+            if options.debug == 0:
+                _detach_stdio()
+
+        try:
+            run_fuse(options, on_ready)
+        except BaseException as exc:  # report to the parent, never a traceback in the daemon
+            if options.debug:
+                logger.exception("mount failed")
+            message = str(exc) or exc.__class__.__name__
+            try:
+                os.write(write_end, f"ratarmount: error: {message}\n".encode("utf-8", "replace"))
+            except OSError:
+                pass
+            status = 1
+        os._exit(status)
+
+    os.close(write_end)
+    chunks = []
+    while True:
+        chunk = os.read(read_end, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        if chunks[0][:1] == READY:
+            break
+    os.close(read_end)
+    data = b"".join(chunks)
+    if data[:1] == READY:
+        return 0
+    os.waitpid(pid, 0)
+    sys.stderr.write(data.decode("utf-8", "replace") or "ratarmount: error: the mount process exited early\n")
+    return 1
