@@ -9,10 +9,18 @@ of one getattr round trip per file.
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import logging
+import os
 from typing import Any, Optional
 
 logger = logging.getLogger(__name__)
+
+# mfusepy loads libfuse 2 when both are installed; prefer libfuse 3 (READDIRPLUS, better caching
+# control) unless the user picked a library explicitly.
+if not os.environ.get("FUSE_LIBRARY_PATH") and not os.environ.get("FUSE_LIBRARY_NAME"):
+    if ctypes.util.find_library("fuse3"):
+        os.environ["FUSE_LIBRARY_NAME"] = "fuse3"
 
 try:
     import mfusepy as fuse

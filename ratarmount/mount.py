@@ -38,6 +38,10 @@ def fuse_kwargs(options: MountOptions, source_label: str) -> Dict[str, Union[str
         "entry_timeout": "86400",
         "negative_timeout": "86400",
     }
+    from .fuse_compat import fuse
+
+    if fuse is not None and getattr(fuse, "fuse_version_major", 2) == 3:
+        kwargs["max_threads"] = "32"  # libfuse 3.14 warns when this is left at its default
     kwargs.update(options.fuse_options)
     kwargs.pop("nonempty", None)  # checked by us; libfuse 3 rejects it
     return kwargs
