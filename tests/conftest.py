@@ -1,0 +1,74 @@
+"""Shared fixtures: real mounts in a subprocess, waited for and lazily unmounted."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import pytest
+
+RATARMOUNT = [sys.executable, "-m", "ratarmount"]
+
+
+def fuse_available() -> bool:
+    return os.path.exists("/dev/fuse") and (shutil.which("fusermount3") or shutil.which("fusermount")) is not None
+
+
+requires_fuse = pytest.mark.skipif(not fuse_available(), reason="needs /dev/fuse and fusermount")
+
+
+def run_ratarmount(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def]
+    return subprocess.run([*RATARMOUNT, *args], capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def lazy_unmount(mountpoint: Path) -> None:
+    if os.path.ismount(mountpoint):
+        tool = shutil.which("fusermount3") or shutil.which("fusermount")
+        subprocess.run([tool or "umount", "-u", "-z", str(mountpoint)], capture_output=True)
+        for _ in range(100):
+            if not os.path.ismount(mountpoint):
+                break
+            time.sleep(0.05)
+
+
+class Mounter:
+    """Mounts with the real CLI (daemon mode) and cleans up whatever is left at the end."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.mounts: List[Path] = []
+
+    def mount(self, *sources: os.PathLike, extra: Optional[List[str]] = None, mountpoint: Optional[Path] = None) -> Path:
+        if mountpoint is None:
+            mountpoint = self.tmp_path / f"mnt{len(self.mounts)}"
+            mountpoint.mkdir()
+        result = run_ratarmount(*(extra or []), *map(str, sources), str(mountpoint))
+        assert result.returncode == 0, f"mount failed: {result.stderr}"
+        assert os.path.ismount(mountpoint), "ratarmount returned before the mount was ready"
+        self.mounts.append(mountpoint)
+        return mountpoint
+
+    def unmount(self, mountpoint: Path) -> None:
+        result = run_ratarmount("-u", str(mountpoint))
+        assert result.returncode == 0, result.stderr
+        assert not os.path.ismount(mountpoint)
+
+    def cleanup(self) -> None:
+        for mountpoint in self.mounts:
+            lazy_unmount(mountpoint)
+
+
+@pytest.fixture
+def mounter(tmp_path: Path) -> Iterator[Mounter]:
+    if not fuse_available():
+        pytest.skip("needs /dev/fuse and fusermount")
+    m = Mounter(tmp_path)
+    try:
+        yield m
+    finally:
+        m.cleanup()
