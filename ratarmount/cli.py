@@ -159,10 +159,6 @@ def setup_logging(debug: int) -> None:
         level=logging.DEBUG if debug else logging.WARNING,
         format="ratarmount: %(levelname)s: %(message)s" if debug else "ratarmount: %(message)s",
     )
-    if debug:
-        logging.getLogger("ratarmount").setLevel(logging.DEBUG)
-    else:
-        logging.getLogger("ratarmountcore.index.builder").setLevel(logging.INFO)
 
 
 def describe(exc: BaseException) -> str:

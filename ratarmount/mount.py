@@ -41,13 +41,18 @@ def fuse_kwargs(options: MountOptions, source_label: str) -> Dict[str, Union[str
     from .fuse_compat import fuse
 
     if fuse is not None and getattr(fuse, "fuse_version_major", 2) == 3:
-        kwargs["max_threads"] = "32"  # libfuse 3.14 warns when this is left at its default
+        kwargs["max_threads"] = "32"  # libfuse 3.14 warns when these are left at their defaults
+        kwargs["max_idle_threads"] = "16"
     kwargs.update(options.fuse_options)
     kwargs.pop("nonempty", None)  # checked by us; libfuse 3 rejects it
     return kwargs
 
 
-def run_fuse(options: MountOptions, on_ready: Optional[Callable[[], None]]) -> None:
+def run_fuse(
+    options: MountOptions,
+    on_ready: Optional[Callable[[], None]],
+    before_mount: Optional[Callable[[], None]] = None,
+) -> None:
     from .fuse_compat import FUSE, IMPORT_ERROR
     from .fuse_ops import FuseOperations
 
@@ -56,14 +61,29 @@ def run_fuse(options: MountOptions, on_ready: Optional[Callable[[], None]]) -> N
     source = open_source(options.sources, options.open_options)
     label = os.path.basename(options.sources[0]) + ("" if len(options.sources) == 1 else ",...")
     try:
-        operations = FuseOperations(source, on_ready)
-        FUSE(
-            operations,
-            options.mountpoint,
-            foreground=True,
-            debug=options.debug >= 2,
-            **fuse_kwargs(options, label),
-        )
+        if before_mount is not None:
+            before_mount()
+        mounted = []
+
+        def ready() -> None:
+            mounted.append(True)
+            if on_ready is not None:
+                on_ready()
+
+        operations = FuseOperations(source, ready)
+        try:
+            FUSE(
+                operations,
+                options.mountpoint,
+                foreground=True,
+                debug=options.debug >= 2,
+                **fuse_kwargs(options, label),
+            )
+        except RuntimeError:
+            # libfuse 3 reports a loop ended by SIGINT/SIGTERM as an error, after it has
+            # unmounted cleanly: that is a normal end, not a failure.
+            if not mounted or os.path.ismount(options.mountpoint):
+                raise RatarmountError(f"cannot mount at {options.mountpoint} (see the message above)") from None
     finally:
         source.close()
 
@@ -87,6 +107,8 @@ def _detach_stdio() -> None:
 
 
 def _daemonize(options: MountOptions) -> int:
+    """Fork; the child mounts and reports through one pipe: its libfuse/log output during the
+    mount, then a NUL byte once ready (or an error line and EOF)."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # child
@@ -94,41 +116,50 @@ def _daemonize(options: MountOptions) -> int:
         os.setsid()
         status = 0
 
+        def before_mount() -> None:
+            # Index building (with its progress bar) is done: route libfuse's messages through
+            # the parent, which prints them and exits once the mount is ready.
+            if options.debug == 0:
+                os.dup2(write_end, 2)
+
         def on_ready() -> None:
             try:
                 os.write(write_end, READY)
-                os.close(write_end)
             except OSError:
                 pass
             if options.debug == 0:
                 _detach_stdio()
+            os.close(write_end)
 
         try:
-            run_fuse(options, on_ready)
+            run_fuse(options, on_ready, before_mount)
         except BaseException as exc:  # report to the parent, never a traceback in the daemon
             if options.debug:
                 logger.exception("mount failed")
-            message = str(exc) or exc.__class__.__name__
+            from .cli import describe
+
             try:
-                os.write(write_end, f"ratarmount: error: {message}\n".encode("utf-8", "replace"))
+                os.write(write_end, f"ratarmount: error: {describe(exc)}\n".encode("utf-8", "replace"))
             except OSError:
                 pass
             status = 1
         os._exit(status)
 
     os.close(write_end)
-    chunks = []
-    while True:
+    data = b""
+    while READY not in data:
         chunk = os.read(read_end, 65536)
         if not chunk:
             break
-        chunks.append(chunk)
-        if chunks[0][:1] == READY:
-            break
+        data += chunk
     os.close(read_end)
-    data = b"".join(chunks)
-    if data[:1] == READY:
+    text, ready, _ = data.partition(READY)
+    lines = text.decode("utf-8", "replace").splitlines()
+    if lines:
+        sys.stderr.write("\n".join(lines) + "\n")
+    if ready:
         return 0
     os.waitpid(pid, 0)
-    sys.stderr.write(data.decode("utf-8", "replace") or "ratarmount: error: the mount process exited early\n")
+    if not lines:
+        sys.stderr.write("ratarmount: error: the mount process exited before the mount was ready\n")
     return 1

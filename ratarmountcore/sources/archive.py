@@ -172,7 +172,10 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> ArchiveSou
     except OSError as exc:
         raise RatarmountError(f"{path}: cannot open ({exc.strerror})") from None
     try:
-        if not stat.S_ISREG(os.fstat(plain.fd).st_mode):
+        file_mode = os.fstat(plain.fd).st_mode
+        if stat.S_ISDIR(file_mode):
+            raise ArchiveError(f"{path}: is a directory, not an archive")
+        if not stat.S_ISREG(file_mode):
             raise ArchiveError(f"{path}: not a regular file")
         stats = archive_stats(plain.fd)
         owner = (os.fstat(plain.fd).st_uid, os.fstat(plain.fd).st_gid)

@@ -196,7 +196,9 @@ class TarScanner:
                 if block:
                     raise TruncatedArchiveError(f"archive ends inside a header at offset {pos}")
                 # EOF exactly at a header boundary: accept as the end, unless data is missing.
-                if self._stream_size() < last_data_end:
+                # (GNU tar does the same.) A stream that ends before the padded end of the last
+                # member's data was cut off.
+                if self._stream_size() < pos:
                     raise TruncatedArchiveError(f"archive ends inside member data before offset {last_data_end}")
                 if long_name is not None or long_link is not None or pax is not None:
                     raise TruncatedArchiveError("archive ends after an extended header without its member")

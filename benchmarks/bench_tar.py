@@ -1,0 +1,1085 @@
+#!/usr/bin/env python3
+"""Benchmark ratarmount (ours) against the PyPI ratarmount release (the peer), archivemount,
+squashfuse and a plain directory, on an uncompressed tar of many small files.
+
+One command does everything (see benchmarks/README.md):
+
+    python benchmarks/bench_tar.py --files 100000 --out benchmarks/work/results.json \
+        --report docs/benchmarks.md
+
+Per tool it measures first mount (no index), second mount (index present), ``find | wc -l``,
+``os.stat`` of every file (after a find, and on a fresh mount without one), reading 1,000 random
+files after dropping the page cache, and the mount daemon's peak RSS. Every figure is checked
+for correctness (file count, sizes, bytes read) so that a broken tool cannot look fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import io
+import json
+import os
+import platform
+import random
+import shlex
+import shutil
+import stat
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+WORK = os.path.join(HERE, "work")
+PEER_VENV = os.path.join(WORK, "peer-venv")
+
+MTIME = 1_600_000_000  # fixed member mtime: archives are byte-identical for the same parameters
+POOL_SIZE = 1 << 22
+ALL_TOOLS = ("ours", "peer", "dir", "archivemount", "squashfuse")
+
+# Targets (ratio ours/peer unless stated).
+TARGETS = [
+    ("first_mount_s", "first mount", "<=", 0.5),
+    ("find_s", "find | wc -l", "<=", 0.5),
+    ("random_reads_s", "1,000 random reads", "<=", 0.5),
+    ("stat_after_find_s", "stat all files (after find)", "<=", 0.2),
+    ("stat_no_find_s", "stat all files (no find)", "<=", 0.2),
+    ("peak_rss_kib", "peak RSS", "<=", 0.5),
+]
+SECOND_MOUNT_TARGET_S = 0.3
+FLATNESS_LIMIT = 2.0  # "flat": the 1M second mount is at most this multiple of the 10k one
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# The data set
+# --------------------------------------------------------------------------------------------
+def parse_size_range(text: str) -> Tuple[int, int]:
+    def one(value: str) -> int:
+        value = value.strip().lower()
+        factor = 1
+        for suffix, mult in (("kib", 1024), ("k", 1024), ("mib", 1 << 20), ("m", 1 << 20), ("b", 1)):
+            if value.endswith(suffix):
+                value, factor = value[: -len(suffix)], mult
+                break
+        return int(float(value) * factor)
+
+    low, _, high = text.partition("-")
+    lo = one(low)
+    hi = one(high) if high else lo
+    if lo < 0 or hi < lo:
+        raise argparse.ArgumentTypeError(f"bad size range {text!r}")
+    return lo, hi
+
+
+class Dataset:
+    """N files in F ImageNet-like folders (``n01440764/n01440764_10026.JPEG``), sizes and
+    contents a pure function of the seed. Members are grouped by folder, as ``tar -c`` of an
+    ImageNet class tree would store them; each folder has its own directory entry."""
+
+    def __init__(self, files: int, folders: int, size_range: Tuple[int, int], seed: int, name: str) -> None:
+        self.files = files
+        self.folders = max(1, min(folders, files))
+        self.size_range = size_range
+        self.seed = seed
+        self.base = os.path.join(WORK, "data", name)
+        self.tar_path = self.base + ".tar"
+        self.dir_path = self.base + ".dir"
+        rng = random.Random(seed)
+        self._pool = rng.randbytes(POOL_SIZE + size_range[1] + 1)
+        self.folder_names = [f"n{1440764 + 1637 * f:08d}" for f in range(self.folders)]
+        self.paths: List[str] = []
+        self.sizes: List[int] = []
+        for f, wnid in enumerate(self.folder_names):
+            lo = f * files // self.folders
+            hi = (f + 1) * files // self.folders
+            for j in range(hi - lo):
+                path = f"{wnid}/{wnid}_{10000 + 7 * j + (f % 7)}.JPEG"
+                prefix = len(path) + 1
+                self.paths.append(path)
+                self.sizes.append(max(prefix, rng.randint(*size_range)))
+
+    def params(self) -> Dict[str, Any]:
+        return {
+            "files": self.files,
+            "folders": self.folders,
+            "size_range": list(self.size_range),
+            "seed": self.seed,
+            "format": "ustar",
+            "generator": 1,
+        }
+
+    def content(self, i: int) -> bytes:
+        path = self.paths[i]
+        head = path.encode() + b"\n"
+        rest = self.sizes[i] - len(head)
+        offset = (i * 2654435761) % POOL_SIZE
+        return head + self._pool[offset : offset + rest]
+
+    def total_bytes(self) -> int:
+        return sum(self.sizes)
+
+    # --- materialize ------------------------------------------------------------------------
+    def _sidecar(self, path: str) -> str:
+        return path + ".params.json"
+
+    def _is_current(self, path: str) -> bool:
+        try:
+            with open(self._sidecar(path)) as f:
+                return json.load(f) == self.params() and os.path.exists(path)
+        except (OSError, ValueError):
+            return False
+
+    def _mark_current(self, path: str) -> None:
+        with open(self._sidecar(path), "w") as f:
+            json.dump(self.params(), f)
+
+    def ensure_tar(self) -> float:
+        """Write the tar (reused when one with the same parameters exists). Returns seconds."""
+        if self._is_current(self.tar_path):
+            log(f"reusing {self.tar_path}")
+            return 0.0
+        os.makedirs(os.path.dirname(self.tar_path), exist_ok=True)
+        start = time.perf_counter()
+        tmp = self.tar_path + ".tmp"
+        folder_start = [f * self.files // self.folders for f in range(self.folders)]
+        with open(tmp, "wb") as raw, tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            next_folder = 0
+            for i, path in enumerate(self.paths):
+                while next_folder < self.folders and folder_start[next_folder] == i:
+                    info = tarfile.TarInfo(self.folder_names[next_folder])
+                    info.type = tarfile.DIRTYPE
+                    info.mode = 0o755
+                    info.mtime = MTIME
+                    info.uname = info.gname = "root"
+                    tar.addfile(info)
+                    next_folder += 1
+                data = self.content(i)
+                info = tarfile.TarInfo(path)
+                info.size = len(data)
+                info.mode = 0o644
+                info.mtime = MTIME
+                info.uname = info.gname = "root"
+                tar.addfile(info, io.BytesIO(data))
+                if i and i % 200_000 == 0:
+                    log(f"  {i:,} / {self.files:,} members written")
+        os.replace(tmp, self.tar_path)
+        self._mark_current(self.tar_path)
+        return time.perf_counter() - start
+
+    def ensure_dir(self) -> float:
+        if self._is_current(self.dir_path):
+            log(f"reusing {self.dir_path}")
+            return 0.0
+        start = time.perf_counter()
+        tmp = self.dir_path + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(self.dir_path, ignore_errors=True)
+        os.makedirs(tmp)
+        subprocess.run(["tar", "-xf", self.tar_path, "-C", tmp], check=True)
+        os.replace(tmp, self.dir_path)
+        self._mark_current(self.dir_path)
+        return time.perf_counter() - start
+
+
+# --------------------------------------------------------------------------------------------
+# System helpers
+# --------------------------------------------------------------------------------------------
+_DROP_WARNED = False
+
+
+def drop_caches(level: int = 3) -> bool:
+    """``sync; echo LEVEL > /proc/sys/vm/drop_caches``; False when not permitted."""
+    global _DROP_WARNED
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write(f"{level}\n")
+        return True
+    except OSError as exc:
+        if not _DROP_WARNED:
+            log(f"cannot drop caches ({exc}); cache-sensitive figures are taken with warm caches")
+            _DROP_WARNED = True
+        return False
+
+
+def warm_file(path: str) -> None:
+    """Read a file once so that it sits in the page cache (same state for every tool)."""
+    with open(path, "rb", buffering=0) as f:
+        while f.read(1 << 22):
+            pass
+
+
+def proc_status(pid: int) -> Dict[str, int]:
+    values: Dict[str, int] = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("VmHWM", "VmRSS", "Threads"):
+                values[key] = int(rest.split()[0])
+    return values
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def fuse_daemon_pid(mountpoint: str) -> Optional[int]:
+    """The process serving ``mountpoint``: like ``pgrep -f MOUNTPOINT`` (a process whose command
+    line names the mount point), narrowed to the one that holds ``/dev/fuse`` open."""
+    target = os.path.realpath(mountpoint)
+    me = os.getpid()
+    found: List[Tuple[bool, int]] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        pid = int(entry)
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        except OSError:
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            cwd = "/"
+        if not any(os.path.normpath(os.path.join(cwd, a)) in (os.path.normpath(os.path.abspath(mountpoint)), target)
+                   for a in args):
+            continue
+        holds_fuse = False
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == "/dev/fuse":
+                        holds_fuse = True
+                        break
+                except OSError:
+                    pass
+        except OSError:
+            continue
+        found.append((holds_fuse, pid))
+    with_fuse = [pid for holds, pid in found if holds]
+    if with_fuse:
+        return min(with_fuse)
+    return min(pid for _, pid in found) if found else None
+
+
+def unmount(mountpoint: str, pid: Optional[int], timeout: float = 60.0) -> None:
+    if os.path.ismount(mountpoint):
+        for cmd in (["fusermount3", "-u", mountpoint], ["fusermount", "-u", mountpoint], ["umount", mountpoint]):
+            if shutil.which(cmd[0]) is None:
+                continue
+            if subprocess.run(cmd, capture_output=True).returncode == 0:
+                break
+        else:
+            subprocess.run(["fusermount3", "-uz", mountpoint], capture_output=True)
+    deadline = time.monotonic() + timeout
+    while pid is not None and os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] == "Z":
+                    break
+        except OSError:
+            break
+        time.sleep(0.01)
+    if os.path.ismount(mountpoint):
+        raise RuntimeError(f"could not unmount {mountpoint}")
+
+
+def command_output(cmd: Sequence[str]) -> str:
+    try:
+        result = subprocess.run(list(cmd), capture_output=True, text=True, timeout=60)
+        return (result.stdout + result.stderr).strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unavailable ({exc})"
+
+
+# --------------------------------------------------------------------------------------------
+# Tools
+# --------------------------------------------------------------------------------------------
+@dataclass
+class MountResult:
+    seconds: float
+    pid: Optional[int]
+    command_maxrss_kib: int
+
+
+class Tool:
+    """A way of presenting the archive as a directory tree."""
+
+    name = ""
+    mounts = True
+    has_index = False
+
+    def __init__(self, ds: Dataset, args: argparse.Namespace) -> None:
+        self.ds = ds
+        self.args = args
+        self.folder = os.path.join(WORK, "run", ds.base.rsplit("/", 1)[-1], self.name)
+        self.mountpoint = os.path.join(self.folder, "mnt")
+        self.archive = os.path.join(self.folder, "archive.tar")
+        self.prep_seconds = 0.0
+
+    def available(self) -> Optional[str]:
+        """None when usable, else why not."""
+        return None
+
+    def prepare(self) -> None:
+        """Give the tool its own hard link of the archive (indexes beside it cannot collide)."""
+        os.makedirs(self.folder, exist_ok=True)
+        if os.path.ismount(self.mountpoint):
+            unmount(self.mountpoint, fuse_daemon_pid(self.mountpoint))
+        os.makedirs(self.mountpoint, exist_ok=True)
+        if os.path.exists(self.archive) and not os.path.samefile(self.archive, self.ds.tar_path):
+            os.unlink(self.archive)
+        if not os.path.exists(self.archive):
+            os.link(self.ds.tar_path, self.archive)
+
+    def index_files(self) -> List[str]:
+        return []
+
+    def remove_index(self) -> None:
+        for path in self.index_files():
+            for match in glob.glob(path):
+                os.unlink(match)
+
+    def index_size(self) -> Optional[int]:
+        sizes = [os.path.getsize(m) for p in self.index_files() for m in glob.glob(p)]
+        return sum(sizes) if sizes else None
+
+    def mount_command(self) -> List[str]:
+        raise NotImplementedError
+
+    @property
+    def root(self) -> str:
+        return self.mountpoint
+
+    def mount(self, timeout: float) -> MountResult:
+        """Run the mount command; the time runs until it returned AND the mount point is a mount."""
+        if os.listdir(self.mountpoint):
+            raise RuntimeError(f"{self.mountpoint} is not empty")
+        with tempfile.TemporaryFile() as err:
+            start = time.perf_counter()
+            proc = subprocess.Popen(self.mount_command(), stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            while not os.path.ismount(self.mountpoint):
+                if time.perf_counter() - start > timeout:
+                    break
+                time.sleep(0.0005)
+            seconds = time.perf_counter() - start
+            if proc.returncode != 0 or not os.path.ismount(self.mountpoint):
+                err.seek(0)
+                message = err.read().decode(errors="replace").strip()[-2000:]
+                raise RuntimeError(f"{self.name}: mount failed (exit {proc.returncode}): {message}")
+        pid = fuse_daemon_pid(self.mountpoint)
+        return MountResult(seconds, pid, usage.ru_maxrss)
+
+
+class Ours(Tool):
+    name = "ours"
+    has_index = True
+
+    def executable(self) -> str:
+        if self.args.ours_cmd:
+            return self.args.ours_cmd
+        # The console script beside the interpreter, not a pyenv shim (a shim adds ~100 ms).
+        beside = os.path.join(os.path.dirname(sys.executable), "ratarmount")
+        return beside if os.path.exists(beside) else (shutil.which("ratarmount") or "ratarmount")
+
+    def version(self) -> str:
+        return command_output([self.executable(), "--version"])
+
+    def index_files(self) -> List[str]:
+        return [
+            self.archive + ".index.sqlite",
+            self.archive + ".index.sqlite.tmp-*",
+            os.path.expanduser("~/.cache/ratarmount/archive.tar.*.index.sqlite"),
+        ]
+
+    def mount_command(self) -> List[str]:
+        return [self.executable(), self.archive, self.mountpoint]
+
+
+class Peer(Tool):
+    name = "peer"
+    has_index = True
+
+    def executable(self) -> str:
+        return os.path.join(PEER_VENV, "bin", "ratarmount")
+
+    def available(self) -> Optional[str]:
+        if not os.path.exists(self.executable()):
+            return f"{self.executable()} missing: run benchmarks/setup_peers.sh"
+        return None
+
+    def version(self) -> str:
+        text = command_output([self.executable(), "--version"])
+        keep = [line for line in text.splitlines() if line.strip() and not line.endswith(":")]
+        return "\n".join(keep[:40])
+
+    def index_files(self) -> List[str]:
+        flat = self.archive.replace("/", "_")
+        return [
+            self.archive + ".index.sqlite",
+            self.archive + ".index.sqlite.tmp*",
+            os.path.expanduser(f"~/.ratarmount/*{flat}*.index.sqlite"),
+            os.path.expanduser(f"~/.cache/ratarmount/*{flat}*.index.sqlite"),
+        ]
+
+    def mount_command(self) -> List[str]:
+        return [self.executable(), self.archive, self.mountpoint]
+
+
+class ArchiveMount(Tool):
+    name = "archivemount"
+
+    def available(self) -> Optional[str]:
+        return None if shutil.which("archivemount") else "archivemount is not installed (setup_peers.sh)"
+
+    def version(self) -> str:
+        return command_output(["archivemount", "--version"]).splitlines()[0]
+
+    def mount_command(self) -> List[str]:
+        return ["archivemount", "-o", "readonly", self.archive, self.mountpoint]
+
+
+class SquashFuse(Tool):
+    name = "squashfuse"
+    has_index = False
+
+    def __init__(self, ds: Dataset, args: argparse.Namespace) -> None:
+        super().__init__(ds, args)
+        self.image = ds.base + ".squashfs"
+
+    def available(self) -> Optional[str]:
+        for exe in ("squashfuse", "mksquashfs"):
+            if not shutil.which(exe):
+                return f"{exe} is not installed (setup_peers.sh)"
+        return None
+
+    def version(self) -> str:
+        return command_output(["squashfuse", "--version"]).splitlines()[0]
+
+    def prepare(self) -> None:
+        os.makedirs(self.folder, exist_ok=True)
+        os.makedirs(self.mountpoint, exist_ok=True)
+        if not self.ds._is_current(self.image):
+            start = time.perf_counter()
+            subprocess.run(
+                ["mksquashfs", self.ds.dir_path, self.image, "-noappend", "-quiet", "-no-progress", "-noI",
+                 "-noD", "-noF", "-noX"],
+                check=True, stdout=subprocess.DEVNULL,
+            )
+            self.ds._mark_current(self.image)
+            self.prep_seconds = time.perf_counter() - start
+
+    def mount_command(self) -> List[str]:
+        return ["squashfuse", self.image, self.mountpoint]
+
+
+class PlainDir(Tool):
+    name = "dir"
+    mounts = False
+
+    def prepare(self) -> None:
+        pass
+
+    def version(self) -> str:
+        return "extracted with GNU tar to " + os.path.relpath(self.ds.dir_path, REPO)
+
+    @property
+    def root(self) -> str:
+        return self.ds.dir_path
+
+
+TOOL_CLASSES = {cls.name: cls for cls in (Ours, Peer, PlainDir, ArchiveMount, SquashFuse)}
+
+
+# --------------------------------------------------------------------------------------------
+# Measurements (each verifies what it measured)
+# --------------------------------------------------------------------------------------------
+class Invalid(Exception):
+    pass
+
+
+def measure_find(root: str, expected: int, timeout: float) -> float:
+    start = time.perf_counter()
+    result = subprocess.run(
+        ["bash", "-c", f"find {shlex.quote(root)} -type f | wc -l"], capture_output=True, text=True, timeout=timeout
+    )
+    seconds = time.perf_counter() - start
+    count = int(result.stdout.strip() or -1)
+    if count != expected:
+        raise Invalid(f"find counted {count} files, expected {expected}")
+    return seconds
+
+
+def measure_stat(root: str, ds: Dataset, timeout: float) -> float:
+    paths = [os.path.join(root, p) for p in ds.paths]
+    sizes: List[int] = []
+    modes: List[int] = []
+    start = time.perf_counter()
+    for path in paths:
+        st = os.stat(path)
+        sizes.append(st.st_size)
+        modes.append(st.st_mode)
+        if len(sizes) & 1023 == 0 and time.perf_counter() - start > timeout:
+            raise Invalid(f"timeout after {len(sizes)} of {len(paths)} stats ({timeout:.0f} s)")
+    seconds = time.perf_counter() - start
+    if sizes != ds.sizes:
+        bad = next(i for i, (a, b) in enumerate(zip(sizes, ds.sizes)) if a != b)
+        raise Invalid(f"stat size mismatch for {ds.paths[bad]}: {sizes[bad]} != {ds.sizes[bad]}")
+    if not all(stat.S_ISREG(m) for m in modes):
+        raise Invalid("stat: some files are not regular files")
+    return seconds
+
+
+def random_sample(ds: Dataset, count: int) -> List[int]:
+    return random.Random(ds.seed + 1).sample(range(ds.files), min(count, ds.files))
+
+
+def measure_reads(root: str, ds: Dataset, indices: List[int], timeout: float) -> float:
+    data: List[bytes] = []
+    start = time.perf_counter()
+    for i in indices:
+        with open(os.path.join(root, ds.paths[i]), "rb") as f:
+            data.append(f.read())
+        if time.perf_counter() - start > timeout:
+            raise Invalid(f"timeout after {len(data)} of {len(indices)} reads ({timeout:.0f} s)")
+    seconds = time.perf_counter() - start
+    for i, got in zip(indices, data):
+        if got != ds.content(i):
+            raise Invalid(f"read of {ds.paths[i]} returned wrong bytes ({len(got)} bytes)")
+    return seconds
+
+
+@dataclass
+class ToolResult:
+    tool: str
+    version: str = ""
+    first_mount_s: Optional[float] = None
+    second_mount_s: Optional[float] = None
+    second_mount_all_s: List[float] = field(default_factory=list)
+    find_s: Optional[float] = None
+    stat_after_find_s: Optional[float] = None
+    stat_no_find_s: Optional[float] = None
+    random_reads_s: Optional[float] = None
+    peak_rss_kib: Optional[int] = None
+    rss_at_end_kib: Optional[int] = None
+    first_mount_peak_rss_kib: Optional[int] = None
+    daemon_threads: Optional[int] = None
+    daemon_cpu_s: Optional[float] = None
+    index_bytes: Optional[int] = None
+    prep_s: Optional[float] = None
+    daemon_pid_found: Optional[bool] = None
+    valid: bool = True
+    errors: List[str] = field(default_factory=list)
+    skipped: Optional[str] = None
+
+
+def run_phase(result: ToolResult, label: str, func: Any, *a: Any) -> Any:
+    try:
+        return func(*a)
+    except (Invalid, subprocess.TimeoutExpired, OSError, RuntimeError) as exc:
+        result.valid = False
+        result.errors.append(f"{label}: {exc}")
+        log(f"  {result.tool}: {label} FAILED: {exc}")
+        return None
+
+
+def bench_tool(tool: Tool, ds: Dataset, args: argparse.Namespace) -> ToolResult:
+    result = ToolResult(tool.name)
+    why = tool.available()
+    if why:
+        result.skipped = why
+        result.valid = False
+        log(f"skipping {tool.name}: {why}")
+        return result
+    result.version = tool.version()
+    tool.prepare()
+    result.prep_s = tool.prep_seconds or None
+    timeout = args.phase_timeout
+    indices = random_sample(ds, args.random_reads)
+    log(f"{tool.name}: start")
+
+    if not tool.mounts:  # the plain directory: the same workload, no mount
+        drop_caches(2)  # dentries and inodes only: like a fresh mount, the disk blocks stay cached
+        result.find_s = run_phase(result, "find", measure_find, tool.root, ds.files, timeout)
+        result.stat_after_find_s = run_phase(result, "stat after find", measure_stat, tool.root, ds, timeout)
+        drop_caches(2)
+        result.stat_no_find_s = run_phase(result, "stat without find", measure_stat, tool.root, ds, timeout)
+        drop_caches(3)
+        result.random_reads_s = run_phase(result, "random reads", measure_reads, tool.root, ds, indices, timeout)
+        return result
+
+    mounted: Optional[MountResult] = None
+    try:
+        # 1. First mount: no index anywhere, archive in the page cache (same state for all tools).
+        tool.remove_index()
+        warm_file(tool.image if isinstance(tool, SquashFuse) else tool.archive)
+        mounted = tool.mount(args.mount_timeout)
+        result.first_mount_s = mounted.seconds
+        result.daemon_pid_found = mounted.pid is not None
+        if mounted.pid:
+            status = proc_status(mounted.pid)
+            result.first_mount_peak_rss_kib = max(status["VmHWM"], mounted.command_maxrss_kib)
+        else:
+            result.first_mount_peak_rss_kib = mounted.command_maxrss_kib
+        log(f"  first mount {mounted.seconds:.3f} s")
+        unmount(tool.mountpoint, mounted.pid)
+        mounted = None
+        result.index_bytes = tool.index_size()
+        if tool.has_index and result.index_bytes is None:
+            result.errors.append("no index file found after the first mount")
+
+        # 2. Second mount + find + stat + random reads; peak RSS just before unmounting.
+        times: List[float] = []
+        mounted = tool.mount(args.mount_timeout)
+        times.append(mounted.seconds)
+        cpu_before = proc_cpu_seconds(mounted.pid) if mounted.pid else None
+        result.find_s = run_phase(result, "find", measure_find, tool.root, ds.files, timeout)
+        log(f"  second mount {mounted.seconds:.3f} s, find {result.find_s}")
+        result.stat_after_find_s = run_phase(result, "stat after find", measure_stat, tool.root, ds, timeout)
+        log(f"  stat after find {result.stat_after_find_s}")
+        drop_caches(3)
+        result.random_reads_s = run_phase(result, "random reads", measure_reads, tool.root, ds, indices, timeout)
+        log(f"  random reads {result.random_reads_s}")
+        if mounted.pid:
+            status = proc_status(mounted.pid)
+            result.peak_rss_kib = status["VmHWM"]
+            result.rss_at_end_kib = status["VmRSS"]
+            result.daemon_threads = status["Threads"]
+            if cpu_before is not None:
+                result.daemon_cpu_s = proc_cpu_seconds(mounted.pid) - cpu_before
+        unmount(tool.mountpoint, mounted.pid)
+        mounted = None
+
+        # 3. A fresh mount: stat every file without a find first.
+        mounted = tool.mount(args.mount_timeout)
+        times.append(mounted.seconds)
+        result.stat_no_find_s = run_phase(result, "stat without find", measure_stat, tool.root, ds, timeout)
+        log(f"  stat without find {result.stat_no_find_s}")
+        unmount(tool.mountpoint, mounted.pid)
+        mounted = None
+
+        # 4. More second mounts for a stable median.
+        for _ in range(max(0, args.mount_repeats - 2)):
+            mounted = tool.mount(args.mount_timeout)
+            times.append(mounted.seconds)
+            unmount(tool.mountpoint, mounted.pid)
+            mounted = None
+        result.second_mount_all_s = times
+        result.second_mount_s = statistics.median(times)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        result.valid = False
+        result.errors.append(str(exc))
+        log(f"  {tool.name} FAILED: {exc}")
+    finally:
+        if os.path.ismount(tool.mountpoint):
+            unmount(tool.mountpoint, mounted.pid if mounted else fuse_daemon_pid(tool.mountpoint))
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Scaling: second-mount time against the number of members
+# --------------------------------------------------------------------------------------------
+def bench_scaling(args: argparse.Namespace) -> Dict[str, Any]:
+    rows: List[Dict[str, Any]] = []
+    for n in args.scaling_sizes:
+        ds = Dataset(n, args.scaling_folders, args.scaling_file_size, args.seed, f"scale-{n}")
+        log(f"scaling: {n:,} members")
+        tar_s = ds.ensure_tar()
+        for name in args.scaling_tools:
+            tool = TOOL_CLASSES[name](ds, args)
+            row: Dict[str, Any] = {"tool": name, "files": n, "tar_bytes": os.path.getsize(ds.tar_path),
+                                   "tar_build_s": tar_s, "valid": True, "errors": []}
+            why = tool.available()
+            if why or not tool.mounts:
+                continue
+            tool.prepare()
+            pid = None
+            try:
+                tool.remove_index()
+                warm_file(tool.archive)
+                m = tool.mount(args.mount_timeout)
+                row["first_mount_s"] = m.seconds
+                row["first_mount_peak_rss_kib"] = max(proc_status(m.pid)["VmHWM"], m.command_maxrss_kib) if m.pid \
+                    else m.command_maxrss_kib
+                unmount(tool.mountpoint, m.pid)
+                row["index_bytes"] = tool.index_size()
+                times = []
+                for rep in range(args.mount_repeats):
+                    m = tool.mount(args.mount_timeout)
+                    pid = m.pid
+                    times.append(m.seconds)
+                    if rep == 0:  # sanity: sizes of 200 random files and bytes of 20
+                        sample = random_sample(ds, 200)
+                        for i in sample:
+                            if os.stat(os.path.join(tool.root, ds.paths[i])).st_size != ds.sizes[i]:
+                                raise Invalid(f"wrong size for {ds.paths[i]}")
+                        measure_reads(tool.root, ds, sample[:20], args.phase_timeout)
+                        row["rss_after_sample_kib"] = proc_status(pid)["VmHWM"] if pid else None
+                    unmount(tool.mountpoint, pid)
+                    pid = None
+                row["second_mount_all_s"] = times
+                row["second_mount_s"] = statistics.median(times)
+                log(f"  {name}: first {row['first_mount_s']:.2f} s, second {row['second_mount_s']:.3f} s")
+            except (Invalid, RuntimeError, OSError) as exc:
+                row["valid"] = False
+                row["errors"].append(str(exc))
+                log(f"  {name} FAILED: {exc}")
+            finally:
+                if os.path.ismount(tool.mountpoint):
+                    unmount(tool.mountpoint, pid or fuse_daemon_pid(tool.mountpoint))
+                tool.remove_index()
+            rows.append(row)
+        if not args.keep_data and n >= 1_000_000:
+            for path in (ds.tar_path, ds.tar_path + ".params.json"):
+                if os.path.exists(path):
+                    os.unlink(path)
+    return {"file_size": list(args.scaling_file_size), "folders": args.scaling_folders, "rows": rows}
+
+
+# --------------------------------------------------------------------------------------------
+# Machine description and report
+# --------------------------------------------------------------------------------------------
+def machine_info() -> Dict[str, str]:
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        with open("/proc/meminfo") as f:
+            mem = f"{int(f.readline().split()[1]) / 1024 / 1024:.1f} GiB"
+    except OSError:
+        pass
+    libfuse = command_output(["dpkg-query", "-W", "-f", "${Package} ${Version}\\n", "libfuse3-3", "libfuse2"])
+    if "unavailable" in libfuse or "no packages" in libfuse:
+        libfuse = command_output(["pkg-config", "--modversion", "fuse3"])
+    return {
+        "nproc": command_output(["nproc"]),
+        "cpu": cpu,
+        "memory": mem,
+        "kernel": platform.release(),
+        "os": command_output(["sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"]),
+        "libfuse": ", ".join(libfuse.splitlines()),
+        "fusermount3": command_output(["fusermount3", "--version"]),
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def fmt_value(key: str, value: Any) -> str:
+    if value is None:
+        return "–"
+    if key.endswith("_kib"):
+        return f"{value / 1024:.0f} MiB"
+    if key.endswith("_bytes"):
+        return f"{value / 1024 / 1024:.1f} MiB"
+    if isinstance(value, float):
+        return f"{value:.3f}" if value < 10 else f"{value:.1f}"
+    return str(value)
+
+
+ROWS = [
+    ("first_mount_s", "first mount (s, no index)"),
+    ("second_mount_s", "second mount (s, median)"),
+    ("find_s", "find -type f | wc -l (s)"),
+    ("stat_after_find_s", "stat all files after find (s)"),
+    ("stat_no_find_s", "stat all files, fresh mount (s)"),
+    ("random_reads_s", "1,000 random reads, cold cache (s)"),
+    ("peak_rss_kib", "peak RSS of the mount process"),
+    ("first_mount_peak_rss_kib", "peak RSS during first mount"),
+    ("daemon_cpu_s", "daemon CPU s during find+stat+reads"),
+    ("index_bytes", "index file size"),
+]
+
+
+def table(results: Dict[str, Any]) -> str:
+    tools = [t for t in results["tools"] if not results["tools"][t].get("skipped")]
+    header = "| figure | " + " | ".join(tools) + " |"
+    lines = [header, "|---|" + "---:|" * len(tools)]
+    for key, label in ROWS:
+        cells = [fmt_value(key, results["tools"][t].get(key)) for t in tools]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append("| all checks passed | " + " | ".join(
+        "yes" if results["tools"][t]["valid"] else "**NO**" for t in tools) + " |")
+    return "\n".join(lines)
+
+
+def evaluate_targets(results: Dict[str, Any]) -> List[Dict[str, Any]]:
+    out: List[Dict[str, Any]] = []
+    tools = results.get("tools", {})
+    ours, peer = tools.get("ours"), tools.get("peer")
+    if ours and peer and not peer.get("skipped"):
+        for key, label, _op, limit in TARGETS:
+            a, b = ours.get(key), peer.get(key)
+            ratio = (a / b) if (a is not None and b) else None
+            met = ratio is not None and ratio <= limit and ours["valid"]
+            out.append({"figure": label, "ours": a, "peer": b, "ratio": ratio, "target": f"<= {limit}x peer",
+                        "met": met, "key": key})
+    if ours:
+        value = ours.get("second_mount_s")
+        out.append({"figure": f"second mount at {results['config']['files']:,} members", "ours": value,
+                    "peer": tools.get("peer", {}).get("second_mount_s"), "ratio": None,
+                    "target": f"< {SECOND_MOUNT_TARGET_S} s", "key": "second_mount_s",
+                    "met": value is not None and value < SECOND_MOUNT_TARGET_S})
+    scaling = results.get("scaling")
+    if scaling:
+        rows = [r for r in scaling["rows"] if r["tool"] == "ours" and r.get("second_mount_s") is not None]
+        if rows:
+            rows.sort(key=lambda r: r["files"])
+            worst = max(r["second_mount_s"] for r in rows)
+            flat = rows[-1]["second_mount_s"] / rows[0]["second_mount_s"]
+            out.append({"figure": f"second mount, {rows[0]['files']:,} to {rows[-1]['files']:,} members",
+                        "ours": worst, "peer": None, "ratio": flat,
+                        "target": f"< {SECOND_MOUNT_TARGET_S} s everywhere and flat (largest/smallest <= "
+                                  f"{FLATNESS_LIMIT})",
+                        "key": "scaling",
+                        "met": worst < SECOND_MOUNT_TARGET_S and flat <= FLATNESS_LIMIT
+                        and all(r["valid"] for r in rows)})
+    return out
+
+
+def print_summary(results: Dict[str, Any]) -> None:
+    print()
+    print(table(results))
+    targets = results.get("targets") or []
+    if targets:
+        print()
+        for t in targets:
+            ratio = f"{t['ratio']:.2f}" if t["ratio"] is not None else "–"
+            print(f"  {'MET ' if t['met'] else 'MISS'}  {t['figure']:<42} ours {fmt_value(t['key'], t['ours']):>9}"
+                  f"  peer {fmt_value(t['key'], t['peer']):>9}  ratio {ratio:>6}  target {t['target']}")
+    scaling = results.get("scaling")
+    if scaling:
+        print()
+        for r in scaling["rows"]:
+            print(f"  scaling {r['tool']:<6} {r['files']:>9,} members: first {fmt_value('s', r.get('first_mount_s'))}"
+                  f" s, second {fmt_value('s', r.get('second_mount_s'))} s {'' if r['valid'] else 'INVALID'}")
+
+
+def markdown_report(results: Dict[str, Any], notes: Optional[str]) -> str:
+    m = results["machine"]
+    c = results["config"]
+    out: List[str] = []
+    out.append("# Benchmarks: ratarmount (ours) against the PyPI ratarmount release and others\n")
+    out.append("Generated by `benchmarks/bench_tar.py` (see `benchmarks/README.md` for how to run it and "
+               "what each figure means). Raw figures: `benchmarks/results/` JSON.\n")
+    out.append("## Machine\n")
+    for key in ("date", "nproc", "cpu", "memory", "kernel", "os", "libfuse", "fusermount3", "python"):
+        out.append(f"- **{key}**: {m.get(key)}")
+    out.append(f"- **page cache drop** (`echo 3 > /proc/sys/vm/drop_caches`): "
+               f"{'permitted' if results.get('drop_caches_permitted') else 'NOT permitted: reads are warm'}")
+    out.append("")
+    out.append("## Tools and backends\n")
+    for name, res in results["tools"].items():
+        if res.get("skipped"):
+            out.append(f"- **{name}**: skipped ({res['skipped']})")
+            continue
+        version = (res.get("version") or "").strip()
+        if "\n" in version:
+            out.append(f"- **{name}**:\n\n```\n{version}\n```")
+        else:
+            out.append(f"- **{name}**: {version}")
+    out.append("")
+    out.append("## Data set\n")
+    out.append(f"- {c['files']:,} files in {c['folders']:,} folders (ImageNet-like names "
+               f"`n01440764/n01440764_10000.JPEG`), sizes {c['size_range'][0]}–{c['size_range'][1]} bytes "
+               f"(uniform, seed {c['seed']}), uncompressed ustar archive of "
+               f"{c['tar_bytes'] / 1024 / 1024:.0f} MiB; {c['random_reads']:,} random reads (seed {c['seed'] + 1}).")
+    out.append(f"- Before each first mount the archive is read once so that it is in the page cache for every "
+               f"tool alike; second mounts are the median of {c['mount_repeats']}.")
+    out.append(f"- Total run time: {results.get('elapsed_s', 0) / 60:.1f} min.\n")
+    out.append("## Results\n")
+    out.append(table(results))
+    out.append("")
+    targets = results.get("targets") or []
+    if targets:
+        out.append("## Targets\n")
+        out.append("| figure | ours | peer | ours/peer | target | met? |")
+        out.append("|---|---:|---:|---:|---|---|")
+        for t in targets:
+            ratio = f"{t['ratio']:.2f}" if t["ratio"] is not None else "–"
+            key = "s" if t["key"] == "scaling" else t["key"]
+            out.append(f"| {t['figure']} | {fmt_value(key, t['ours'])} | {fmt_value(key, t['peer'])} | {ratio} | "
+                       f"{t['target']} | {'**met**' if t['met'] else '**NOT met**'} |")
+        met = [t["figure"] for t in targets if t["met"]]
+        missed = [t["figure"] for t in targets if not t["met"]]
+        out.append("")
+        out.append(f"Met: {', '.join(met) if met else 'none'}.\n")
+        out.append(f"Not met: {', '.join(missed) if missed else 'none'}.\n")
+    scaling = results.get("scaling")
+    if scaling:
+        out.append("## Scaling: mount time against the number of members\n")
+        out.append(f"Files of {scaling['file_size'][0]}–{scaling['file_size'][1]} bytes in "
+                   f"{scaling['folders']:,} folders (small files keep the archives small; mount times depend on "
+                   "the member count, not on the data size).\n")
+        out.append("| tool | members | archive | first mount (s) | second mount (s, median) | all second mounts (s) "
+                   "| index | peak RSS first mount | checks |")
+        out.append("|---|---:|---:|---:|---:|---|---:|---:|---|")
+        for r in scaling["rows"]:
+            alls = ", ".join(f"{v:.3f}" for v in r.get("second_mount_all_s", []))
+            out.append(f"| {r['tool']} | {r['files']:,} | {fmt_value('_bytes', r['tar_bytes'])} | "
+                       f"{fmt_value('s', r.get('first_mount_s'))} | {fmt_value('s', r.get('second_mount_s'))} | "
+                       f"{alls} | {fmt_value('_bytes', r.get('index_bytes'))} | "
+                       f"{fmt_value('_kib', r.get('first_mount_peak_rss_kib'))} | "
+                       f"{'ok' if r['valid'] else 'FAILED: ' + '; '.join(r['errors'])} |")
+        out.append("")
+    errors = [(name, e) for name, res in results["tools"].items() for e in res.get("errors", [])]
+    if errors:
+        out.append("## Errors and failed checks\n")
+        for name, e in errors:
+            out.append(f"- {name}: {e}")
+        out.append("")
+    out.append("## Method\n")
+    out.append(METHOD)
+    if notes:
+        out.append("")
+        out.append(notes.strip())
+    return "\n".join(out) + "\n"
+
+
+METHOD = """\
+- **first mount**: the tool's index files are removed (ours and the peer both write
+  `ARCHIVE.index.sqlite` beside the archive, so each tool gets its own hard link of the archive
+  in its own folder under `benchmarks/work/run/`), then the wall time from starting the mount
+  command until it has returned *and* `os.path.ismount` is true.
+- **second mount**: the same with the index present (median of the repeats).
+- **find**: `find MOUNT -type f | wc -l` on a fresh mount (the count must equal the number of files).
+- **stat all files after find**: right after that find, `os.stat` of every file path from Python
+  (sizes and types are checked). **fresh mount**: `os.stat` of every file on a new mount
+  without a find first (each path costs the kernel a LOOKUP).
+- **random reads**: `echo 3 > /proc/sys/vm/drop_caches`, then open + read + close 1,000 random
+  files (fixed seed) in the same mount session; every byte is compared with the expected content.
+- **peak RSS**: `VmHWM` from `/proc/PID/status` of the daemon serving the mount, read just before
+  unmounting the session that ran find, stat and the random reads. The daemon is found like
+  `pgrep -f MOUNTPOINT` (a process whose command line names the mount point), narrowed to the one
+  holding `/dev/fuse` open. **peak RSS during first mount** is the larger of that daemon's `VmHWM`
+  right after the first mount and the `ru_maxrss` of the mount command itself (from `wait4`), so
+  that an index built before daemonizing counts too.
+- **dir**: the archive extracted with GNU tar. Nothing to mount; `echo 2 > drop_caches` (dentries
+  and inodes) before find and before the stat without find stands in for a fresh mount, `echo 3`
+  before the random reads.
+"""
+
+
+# --------------------------------------------------------------------------------------------
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--files", type=int, default=100_000, help="number of files (default 100000)")
+    p.add_argument("--folders", type=int, default=1000, help="number of folders (default 1000)")
+    p.add_argument("--file-size", type=parse_size_range, default=(1024, 4096), metavar="MIN-MAX",
+                   help="file size or range, e.g. 1KiB-4KiB (default) or 2048")
+    p.add_argument("--random-reads", type=int, default=1000, help="random files to read (default 1000)")
+    p.add_argument("--tools", default="ours,peer,dir",
+                   help=f"comma-separated, from {','.join(ALL_TOOLS)} (default ours,peer,dir)")
+    p.add_argument("--seed", type=int, default=20240601)
+    p.add_argument("--mount-repeats", type=int, default=3, help="second mounts to take the median of (min 2)")
+    p.add_argument("--phase-timeout", type=float, default=600, help="seconds before a phase is given up")
+    p.add_argument("--mount-timeout", type=float, default=1800, help="seconds a mount may take")
+    p.add_argument("--scaling", action="store_true", help="also measure second-mount time against member count")
+    p.add_argument("--scaling-only", action="store_true", help="only the scaling measurement")
+    p.add_argument("--scaling-sizes", default="10000,100000,1000000")
+    p.add_argument("--scaling-tools", default="ours", help="tools for the scaling mode (default ours)")
+    p.add_argument("--scaling-folders", type=int, default=1000)
+    p.add_argument("--scaling-file-size", type=parse_size_range, default=(64, 512), metavar="MIN-MAX")
+    p.add_argument("--ours-cmd", help="our ratarmount executable (default: the one beside this python)")
+    p.add_argument("--out", default=os.path.join(WORK, "results.json"), help="JSON results file")
+    p.add_argument("--report", metavar="MARKDOWN", help="also write a Markdown report (e.g. docs/benchmarks.md)")
+    p.add_argument("--notes", metavar="FILE", help="Markdown appended to the report (analysis, hot spots)")
+    p.add_argument("--report-only", metavar="JSON", help="only render --report from an existing results JSON")
+    p.add_argument("--keep-data", action="store_true", help="keep the 1M-member scaling archive")
+    args = p.parse_args(argv)
+    args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    args.scaling_tools = [t.strip() for t in args.scaling_tools.split(",") if t.strip()]
+    for t in args.tools + args.scaling_tools:
+        if t not in TOOL_CLASSES:
+            p.error(f"unknown tool {t!r}; choose from {', '.join(ALL_TOOLS)}")
+    args.scaling_sizes = [int(s.replace("_", "")) for s in args.scaling_sizes.split(",") if s.strip()]
+    args.mount_repeats = max(2, args.mount_repeats)
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    notes = None
+    if args.notes:
+        with open(args.notes) as f:
+            notes = f.read()
+    if args.report_only:
+        with open(args.report_only) as f:
+            results = json.load(f)
+        results["targets"] = evaluate_targets(results)
+        print_summary(results)
+        if args.report:
+            with open(args.report, "w") as f:
+                f.write(markdown_report(results, notes))
+        return 0
+
+    start = time.perf_counter()
+    if not os.path.exists("/dev/fuse"):
+        log("/dev/fuse is missing: cannot mount anything")
+        return 2
+    results: Dict[str, Any] = {"machine": machine_info(), "tools": {}}
+    results["drop_caches_permitted"] = drop_caches(3)
+    if not args.scaling_only:
+        ds = Dataset(args.files, args.folders, args.file_size, args.seed, f"files-{args.files}")
+        log(f"data set: {ds.files:,} files in {ds.folders:,} folders, {ds.total_bytes() / 1024 / 1024:.0f} MiB")
+        tar_s = ds.ensure_tar()
+        dir_s = ds.ensure_dir()
+        results["config"] = {**ds.params(), "random_reads": args.random_reads, "tools": args.tools,
+                             "mount_repeats": args.mount_repeats, "tar_bytes": os.path.getsize(ds.tar_path),
+                             "tar_build_s": tar_s, "extract_s": dir_s}
+        for name in args.tools:
+            tool = TOOL_CLASSES[name](ds, args)
+            res = bench_tool(tool, ds, args)
+            results["tools"][name] = res.__dict__
+            for e in res.errors:
+                log(f"  {name}: {e}")
+            write_json(args.out, results)
+    else:
+        results["config"] = {"files": 0, "folders": 0, "size_range": [0, 0], "seed": args.seed,
+                             "random_reads": 0, "tools": [], "mount_repeats": args.mount_repeats, "tar_bytes": 0}
+    if args.scaling or args.scaling_only:
+        results["scaling"] = bench_scaling(args)
+    results["elapsed_s"] = time.perf_counter() - start
+    results["targets"] = evaluate_targets(results)
+    write_json(args.out, results)
+    print_summary(results)
+    if args.report:
+        with open(args.report, "w") as f:
+            f.write(markdown_report(results, notes))
+        log(f"wrote {args.report}")
+    log(f"wrote {args.out}; {results['elapsed_s'] / 60:.1f} min")
+    return 0
+
+
+def write_json(path: str, results: Dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=2, default=str)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

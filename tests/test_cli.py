@@ -1,0 +1,343 @@
+"""The command line as a user meets it: mounting, unmounting, bad input, signals, index places."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Dict
+
+import pytest
+
+from conftest import RATARMOUNT, Mounter, lazy_unmount, requires_fuse, run_ratarmount
+
+
+def make_tar(path: Path, files: Dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = 1_700_000_000
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+FILES = {f"folder{i % 3}/file{i}.txt": f"content {i}\n".encode() * (i + 1) for i in range(20)}
+
+
+@pytest.fixture
+def archive(tmp_path: Path) -> Path:
+    return make_tar(tmp_path / "data.tar", FILES)
+
+
+@pytest.fixture(autouse=True)
+def private_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Keep ~/.cache/ratarmount inside the test's folder."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+def leftovers(*folders: Path) -> list:
+    found = []
+    for folder in folders:
+        for root, _dirs, files in os.walk(folder):
+            found += [os.path.join(root, f) for f in files if ".index.sqlite" in f]
+    return found
+
+
+def test_version_lists_backends() -> None:
+    result = run_ratarmount("--version")
+    assert result.returncode == 0
+    for name in ("ratarmount", "mfusepy", "libfuse", "sqlite", "rapidgzip", "indexed_gzip", "zstandard", "python-xz"):
+        assert name in result.stdout
+
+
+@requires_fuse
+def test_mount_list_read_unmount(mounter: Mounter, archive: Path) -> None:
+    mnt = mounter.mount(archive)
+    assert sorted(os.listdir(mnt)) == ["folder0", "folder1", "folder2"]
+    for name, data in FILES.items():
+        assert (mnt / name).read_bytes() == data
+        assert os.stat(mnt / name).st_mtime == 1_700_000_000
+    assert (archive.parent / "data.tar.index.sqlite").exists()
+    mounter.unmount(mnt)
+
+
+@requires_fuse
+def test_writes_fail_with_erofs(mounter: Mounter, archive: Path) -> None:
+    mnt = mounter.mount(archive)
+    for action in (
+        lambda: open(mnt / "new", "w"),
+        lambda: open(mnt / "folder0/file0.txt", "r+b"),
+        lambda: os.mkdir(mnt / "newdir"),
+        lambda: os.unlink(mnt / "folder0/file0.txt"),
+        lambda: os.rename(mnt / "folder0", mnt / "x"),
+        lambda: os.chmod(mnt / "folder0/file0.txt", 0o777),
+        lambda: os.symlink("a", mnt / "s"),
+    ):
+        with pytest.raises(OSError) as info:
+            action()
+        assert info.value.errno == 30  # EROFS
+
+
+@requires_fuse
+def test_second_mount_reuses_index(mounter: Mounter, archive: Path) -> None:
+    mnt = mounter.mount(archive)
+    index = archive.parent / "data.tar.index.sqlite"
+    first = index.stat().st_mtime_ns
+    mounter.unmount(mnt)
+    mnt = mounter.mount(archive, mountpoint=mnt)
+    assert index.stat().st_mtime_ns == first
+    assert (mnt / "folder1/file1.txt").read_bytes() == FILES["folder1/file1.txt"]
+
+
+def test_changed_archive_is_reindexed_with_message(tmp_path: Path, archive: Path) -> None:
+    import ratarmountcore
+
+    with ratarmountcore.open(str(archive)) as src:
+        assert src.read("/folder0/file0.txt") == FILES["folder0/file0.txt"]
+    make_tar(archive, {"other.txt": b"new"})
+    env = dict(os.environ)
+    code = (
+        "import ratarmountcore, logging, sys; logging.basicConfig();"
+        f"s = ratarmountcore.open({str(archive)!r}); sys.stdout.write(repr(s.listdir('/')))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert result.stdout == "['other.txt']"
+    assert "does not match the archive" in result.stderr
+
+
+def test_index_in_cache_when_archive_folder_not_writable(tmp_path: Path, private_home: Path, archive: Path) -> None:
+    import ratarmountcore
+    from ratarmountcore.options import IndexOptions, OpenOptions
+
+    # A folder we cannot write to even as root: a read-only bind is not available everywhere, so
+    # name an impossible first candidate instead and check the fallback order.
+    options = OpenOptions(index=IndexOptions(index_folders=("/proc/ratarmount-not-writable", str(private_home / "c"))))
+    with ratarmountcore.open(str(archive), options) as src:
+        assert src.listdir("/") == ["folder0", "folder1", "folder2"]
+        assert src.index_path.startswith(str(private_home / "c"))  # type: ignore[attr-defined]
+    assert not (archive.parent / "data.tar.index.sqlite").exists()
+
+
+@requires_fuse
+def test_index_beside_read_only_archive_goes_to_home_cache(mounter: Mounter, tmp_path: Path, private_home: Path) -> None:
+    """An archive inside a read-only mount gets its index in ~/.cache/ratarmount."""
+    outer = make_tar(tmp_path / "outer.tar", {})
+    inner_dir = tmp_path / "inner"
+    inner_dir.mkdir()
+    inner = make_tar(inner_dir / "inner.tar", {"x.txt": b"x"})
+    with tarfile.open(outer, "w") as tar:
+        tar.add(inner, arcname="inner.tar")
+    mnt = mounter.mount(outer)
+    mnt2 = mounter.mount(mnt / "inner.tar")
+    assert (mnt2 / "x.txt").read_bytes() == b"x"
+    cached = list((private_home / ".cache" / "ratarmount").glob("inner.tar.*.index.sqlite"))
+    assert len(cached) == 1
+
+
+@requires_fuse
+def test_index_file_and_index_folders_options(mounter: Mounter, tmp_path: Path, archive: Path) -> None:
+    index = tmp_path / "elsewhere" / "my.index"
+    (tmp_path / "elsewhere").mkdir()
+    mnt = mounter.mount(archive, extra=["--index-file", str(index)])
+    assert index.exists() and not (archive.parent / "data.tar.index.sqlite").exists()
+    mounter.unmount(mnt)
+    folder = tmp_path / "indexes"
+    mnt = mounter.mount(archive, extra=["--index-folders", str(folder)], mountpoint=mnt)
+    assert len(list(folder.glob("data.tar.*.index.sqlite"))) == 1
+
+
+def test_built_index_opens_without_write_access(tmp_path: Path, archive: Path) -> None:
+    import ratarmountcore
+
+    ratarmountcore.open(str(archive)).close()
+    index = archive.parent / "data.tar.index.sqlite"
+    os.chmod(index, 0o444)
+    os.chmod(archive.parent, 0o555)
+    try:
+        # A locking-free open: even with SQLite's locking disabled at the VFS level, reading works.
+        conn = sqlite3.connect(f"file:{index}?mode=ro&immutable=1", uri=True)
+        assert conn.execute("SELECT COUNT(*) FROM files").fetchone()[0] >= 20
+        conn.close()
+        with ratarmountcore.open(str(archive)) as src:
+            assert src.read("/folder2/file2.txt") == FILES["folder2/file2.txt"]
+        assert sorted(os.listdir(archive.parent)) == sorted(["data.tar", "data.tar.index.sqlite", "home"])
+    finally:
+        os.chmod(archive.parent, 0o755)
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+def corrupt_header(path: Path) -> Path:
+    data = bytearray(make_tar(path, FILES).read_bytes())
+    data[1024 + 10] ^= 0xFF  # inside the name field of the second member's header
+    path.write_bytes(bytes(data))
+    return path
+
+
+BAD_INPUTS = {
+    "not_a_tar": (lambda p: (p.write_bytes(b"hello world, this is not an archive\n" * 40), p)[1], "not a tar archive"),
+    "empty": (lambda p: (p.write_bytes(b""), p)[1], "empty"),
+    "truncated": (lambda p: (p.write_bytes(make_tar(p, FILES).read_bytes()[:3000]), p)[1], "ends inside"),
+    "corrupt_checksum": (corrupt_header, "checksum"),
+    "missing": (lambda p: p, "no such file"),
+    "directory": (lambda p: (p.mkdir(), p)[1], "directory"),
+}
+
+
+@requires_fuse
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_gives_one_line_error(tmp_path: Path, private_home: Path, case: str) -> None:
+    make, cause = BAD_INPUTS[case]
+    work = tmp_path / "work"
+    work.mkdir()
+    path = make(work / "bad.tar")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        result = run_ratarmount(str(path), str(mnt))
+    finally:
+        lazy_unmount(mnt)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert str(path) in lines[0] and cause in lines[0].lower(), lines[0]
+    assert not os.path.ismount(mnt)
+    assert leftovers(work, private_home) == []
+    assert [p.name for p in work.iterdir()] == ([] if case == "missing" else ["bad.tar"])
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="drops privileges to make the archive unreadable")
+def test_unreadable_archive(tmp_path: Path, archive: Path) -> None:
+    """Root reads everything, so the CLI runs in a forked child that became 'nobody'."""
+    import shutil
+    import tempfile
+
+    public = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's tmp_path is private to root
+    try:
+        _check_unreadable(public, archive)
+    finally:
+        shutil.rmtree(public)
+
+
+def _check_unreadable(public: Path, original: Path) -> None:
+    public.chmod(0o777)
+    archive = public / "data.tar"
+    archive.write_bytes(original.read_bytes())
+    os.chmod(archive, 0)
+    mnt = public / "mnt"
+    mnt.mkdir()
+    err = public / "stderr.txt"
+    # The interpreter's own files may be unreadable for 'nobody': import everything first.
+    import ratarmount.cli
+    import ratarmount.fuse_ops
+    import ratarmount.mount
+    import ratarmountcore.compression.registry
+    import ratarmountcore.sources.factory  # noqa: F401
+
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            fd = os.open(err, os.O_WRONLY | os.O_CREAT, 0o666)
+            os.dup2(fd, 2)
+            sys.stderr = open(2, "w", closefd=False)
+            os.setgid(65534)
+            os.setuid(65534)
+            from ratarmount.cli import main
+
+            code = main(["-f", str(archive), str(mnt)])
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    text = err.read_text()
+    assert os.waitstatus_to_exitcode(status) == 1, text
+    assert "Traceback" not in text and len(text.strip().splitlines()) == 1
+    assert "permission denied" in text.lower() and str(archive) in text
+
+
+@requires_fuse
+def test_debug_shows_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(b"x" * 1024)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = run_ratarmount("-d", str(bad), str(mnt))
+    assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+@pytest.mark.parametrize("problem", ["missing", "not_empty", "file", "already_mounted"])
+def test_bad_mountpoint(mounter: Mounter, tmp_path: Path, archive: Path, problem: str) -> None:
+    mnt = tmp_path / "mp"
+    if problem == "not_empty":
+        mnt.mkdir()
+        (mnt / "x").write_text("x")
+    elif problem == "file":
+        mnt.write_text("x")
+    elif problem == "already_mounted":
+        mnt.mkdir()
+        mounter.mount(archive, mountpoint=mnt)
+    result = run_ratarmount(str(archive), str(mnt))
+    assert result.returncode != 0
+    words = {"missing": "does not exist", "not_empty": "not empty", "file": "not a directory",
+             "already_mounted": "already a mount point"}
+    assert words[problem] in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_unmount_of_non_mount_fails(tmp_path: Path) -> None:
+    result = run_ratarmount("-u", str(tmp_path))
+    assert result.returncode != 0 and "not a mount point" in result.stderr
+
+
+def test_usage_error() -> None:
+    result = run_ratarmount("only-one-argument")
+    assert result.returncode == 2 and "MOUNTPOINT" in result.stderr
+
+
+@requires_fuse
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_foreground_signal_unmounts_cleanly(tmp_path: Path, archive: Path, sig: int) -> None:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc = subprocess.Popen([*RATARMOUNT, "-f", str(archive), str(mnt)], stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(200):
+            if os.path.ismount(mnt):
+                break
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.05)
+        assert os.path.ismount(mnt)
+        assert (mnt / "folder0/file0.txt").read_bytes() == FILES["folder0/file0.txt"]
+        proc.send_signal(sig)
+        code = proc.wait(timeout=30)
+        assert code == 0, proc.stderr.read() if proc.stderr else ""
+        assert not os.path.ismount(mnt)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        lazy_unmount(mnt)
+
+
+@requires_fuse
+def test_statfs_and_fuse_options(mounter: Mounter, archive: Path) -> None:
+    mnt = mounter.mount(archive, extra=["-o", "allow_other"])
+    st = os.statvfs(mnt)
+    assert st.f_files == len(FILES) + 3  # files plus the three implicit folders
+    assert st.f_flag & os.ST_RDONLY
+    with open("/proc/self/mountinfo") as f:
+        line = next(line for line in f if f" {mnt} " in line)
+    assert "allow_other" in line
