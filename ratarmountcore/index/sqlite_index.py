@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from importlib import resources
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..errors import InvalidIndexError, StaleIndexError
 from ..tar.scanner import KIND_DIR, KIND_HARDLINK, MemberRecord
@@ -26,7 +26,7 @@ from .fingerprint import ArchiveStats
 logger = logging.getLogger(__name__)
 
 #: Bump when the schema or the meaning of a column changes; older indexes are rebuilt.
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"
 
 ROW_COLUMNS = (
     "id, parent, name, kind, mode, size, mtime_ns, uid, gid, nlink, ino, linkname, "
@@ -165,8 +165,9 @@ class IndexWriter:
     def commit(self, implicit_dir_mtime_ns: int, implicit_uid: int, implicit_gid: int) -> None:
         self._flush()
         conn = self._conn
-        for statement in _sql("finalize.sql").split(";"):
-            if statement.strip() and not statement.strip().startswith("--"):
+        script = "\n".join(line for line in _sql("finalize.sql").splitlines() if not line.lstrip().startswith("--"))
+        for statement in script.split(";"):
+            if statement.strip():
                 conn.execute(statement)
         self._add_implicit_dirs(implicit_dir_mtime_ns, implicit_uid, implicit_gid)
         self._mark_overwritten()
@@ -278,38 +279,57 @@ class IndexWriter:
 
 
 class IndexReader:
-    """Read-only access to a built index; one SQLite connection per thread."""
+    """Read-only access to a built index.
+
+    Connections live in a small pool rather than one per thread: libfuse starts and retires
+    worker threads as load changes, and a fresh SQLite connection costs about a millisecond. A
+    query borrows an idle connection (or opens one when all are busy) and returns it; the pool
+    never holds more connections than there were concurrent queries.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._local = threading.local()
-        self._connections: List[sqlite3.Connection] = []
+        self._idle: List[sqlite3.Connection] = []
+        self._all: List[sqlite3.Connection] = []
         self._lock = threading.Lock()
         try:
-            self.metadata: Dict[str, str] = dict(self._conn().execute("SELECT key, value FROM metadata"))
-            self._conn().execute("SELECT id FROM files LIMIT 1").fetchall()
+            self.metadata: Dict[str, str] = dict(self._query("SELECT key, value FROM metadata", ()))
+            self._query("SELECT id FROM files LIMIT 1", ())
         except sqlite3.DatabaseError as exc:
             self.close()
             raise InvalidIndexError(f"{path} is not a valid ratarmount index ({exc})") from None
 
-    def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            uri = "file:" + _uri_quote(self.path) + "?mode=ro&immutable=1"
-            conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
-            conn.execute("PRAGMA cache_size=-4000")
-            conn.execute("PRAGMA query_only=1")
-            self._local.conn = conn
-            with self._lock:
-                self._connections.append(conn)
+    def _connect(self) -> sqlite3.Connection:
+        uri = "file:" + _uri_quote(self.path) + "?mode=ro&immutable=1"
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA cache_size=-4000")
+        conn.execute("PRAGMA query_only=1")
+        with self._lock:
+            self._all.append(conn)
         return conn
+
+    def _query(self, sql: str, params: tuple, one: bool = False) -> Any:
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        if conn is None:
+            conn = self._connect()
+        try:
+            cursor = conn.execute(sql, params)
+            return cursor.fetchone() if one else cursor.fetchall()
+        finally:
+            with self._lock:
+                self._idle.append(conn)
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._all)
 
     def close(self) -> None:
         with self._lock:
-            for conn in self._connections:
+            for conn in self._all:
                 conn.close()
-            self._connections.clear()
-        self._local = threading.local()
+            self._all.clear()
+            self._idle.clear()
 
     def validate(self, stats: ArchiveStats) -> None:
         """Raise StaleIndexError if this index does not describe the archive as it is now."""
@@ -337,35 +357,26 @@ class IndexReader:
 
     # --- queries ------------------------------------------------------------------------------
     def lookup(self, parent: bytes, name: bytes) -> Optional[Row]:
-        return self._conn().execute(  # type: ignore[no-any-return]
+        return self._query(  # type: ignore[no-any-return]
             f"SELECT {ROW_COLUMNS} FROM files WHERE parent = ? AND name = ? AND latest = 1 ORDER BY id DESC LIMIT 1",
             (parent, name),
-        ).fetchone()
+            one=True,
+        )
 
     def versions(self, parent: bytes, name: bytes) -> List[Row]:
-        return self._conn().execute(
+        return self._query(  # type: ignore[no-any-return]
             f"SELECT {ROW_COLUMNS} FROM files WHERE parent = ? AND name = ? ORDER BY id", (parent, name)
-        ).fetchall()
+        )
 
     def list(self, parent: bytes) -> List[Row]:
-        return self._conn().execute(
+        return self._query(  # type: ignore[no-any-return]
             f"SELECT {ROW_COLUMNS} FROM files WHERE parent = ? AND latest = 1", (parent,)
-        ).fetchall()
-
-    def has_children(self, parent: bytes) -> bool:
-        return self._conn().execute("SELECT 1 FROM files WHERE parent = ? LIMIT 1", (parent,)).fetchone() is not None
+        )
 
     def seek_point_parts(self, backend: str) -> List[bytes]:
-        return [
-            row[0]
-            for row in self._conn().execute(
-                "SELECT data FROM seek_points WHERE backend = ? ORDER BY part", (backend,)
-            )
-        ]
+        rows = self._query("SELECT data FROM seek_points WHERE backend = ? ORDER BY part", (backend,))
+        return [row[0] for row in rows]
 
-    def meta_json(self, key: str) -> Optional[object]:
-        value = self.metadata.get(key)
-        return None if value is None else json.loads(value)
 
 
 def _uri_quote(path: str) -> str:

@@ -1,0 +1,82 @@
+"""The SQLite index itself: schema, query plans, atomic build, staleness, connection reuse."""
+
+from __future__ import annotations
+
+import io
+import sqlite3
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+
+import ratarmountcore
+from ratarmountcore.errors import TruncatedArchiveError
+from ratarmountcore.index.sqlite_index import FORMAT_VERSION, ROW_COLUMNS, IndexReader
+
+
+def make_tar(path: Path, count: int) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for i in range(count):
+            data = f"{i}".encode()
+            info = tarfile.TarInfo(f"d{i % 10}/f{i}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_lookups_and_listings_use_the_path_index(tmp_path: Path) -> None:
+    archive = make_tar(tmp_path / "a.tar", 200)
+    with ratarmountcore.open(str(archive)) as src:
+        index_path = src.index_path  # type: ignore[attr-defined]
+    conn = sqlite3.connect(index_path)
+    for sql, params in (
+        (f"SELECT {ROW_COLUMNS} FROM files WHERE parent = ? AND name = ? AND latest = 1 ORDER BY id DESC LIMIT 1",
+         (b"/d1", b"f1")),
+        (f"SELECT {ROW_COLUMNS} FROM files WHERE parent = ? AND latest = 1", (b"/d1",)),
+    ):
+        plan = " ".join(str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params))
+        assert "USING INDEX files_by_path" in plan, plan
+    meta = dict(conn.execute("SELECT key, value FROM metadata"))
+    assert meta["format_version"] == FORMAT_VERSION
+    assert int(meta["entries"]) == 210
+
+
+def test_connections_are_reused_across_short_lived_threads(tmp_path: Path) -> None:
+    archive = make_tar(tmp_path / "a.tar", 50)
+    with ratarmountcore.open(str(archive)) as src:
+        for _ in range(30):
+            thread = threading.Thread(target=lambda: src.stat("/d3/f3"))
+            thread.start()
+            thread.join()
+        assert src._index.connection_count <= 2  # type: ignore[attr-defined]
+
+
+def test_interrupted_build_leaves_nothing(tmp_path: Path) -> None:
+    archive = make_tar(tmp_path / "a.tar", 100)
+    data = archive.read_bytes()
+    archive.write_bytes(data[: len(data) // 2 + 100])
+    with pytest.raises(TruncatedArchiveError):
+        ratarmountcore.open(str(archive))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.tar"]
+
+
+def test_invalid_index_file_is_replaced(tmp_path: Path) -> None:
+    archive = make_tar(tmp_path / "a.tar", 10)
+    (tmp_path / "a.tar.index.sqlite").write_bytes(b"garbage" * 100)
+    with ratarmountcore.open(str(archive)) as src:
+        assert src.read("/d0/f0") == b"0"
+    IndexReader(str(tmp_path / "a.tar.index.sqlite")).close()
+
+
+def test_old_format_version_is_rebuilt(tmp_path: Path) -> None:
+    archive = make_tar(tmp_path / "a.tar", 10)
+    ratarmountcore.open(str(archive)).close()
+    index = tmp_path / "a.tar.index.sqlite"
+    conn = sqlite3.connect(index)
+    conn.execute("UPDATE metadata SET value = '0' WHERE key = 'format_version'")
+    conn.execute("DELETE FROM files")
+    conn.commit()
+    conn.close()
+    with ratarmountcore.open(str(archive)) as src:
+        assert src.read("/d5/f5") == b"5"

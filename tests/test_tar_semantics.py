@@ -1,0 +1,734 @@
+"""What ratarmountcore shows must be what GNU tar extracts.
+
+Every case builds an archive (with GNU tar and/or Python's tarfile), extracts it with ``tar -x``
+(as root, so modes, owners and times are restored) and compares the extracted tree with the
+source returned by ``ratarmountcore.open``: names, content, mode, uid, gid, mtime (to the
+nanosecond where the format stores it), size, link counts and symlink targets.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import pytest
+
+import ratarmountcore
+from conftest import lazy_unmount, requires_fuse, run_ratarmount
+from tarcompare import (
+    FRESH,
+    IS_ROOT,
+    check_archive_against_tar,
+    compare_trees,
+    gnu_tar_create,
+    snapshot_dir,
+    snapshot_source,
+    tar_extract,
+    tarfile_create,
+)
+
+requires_root = pytest.mark.skipif(not IS_ROOT, reason="restoring owners and devices needs root")
+
+GNU_FORMATS = ["gnu", "oldgnu", "ustar", "pax", "posix"]
+TARFILE_FORMATS = {"tarfile-ustar": tarfile.USTAR_FORMAT, "tarfile-gnu": tarfile.GNU_FORMAT, "tarfile-pax": tarfile.PAX_FORMAT}
+
+GiB = 1 << 30
+
+
+def write(path: Path, data: bytes, mode: int = 0o644, mtime_ns: int = 1_600_000_000_000_000_000) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    os.chmod(path, mode)
+    os.utime(path, ns=(mtime_ns, mtime_ns))
+    return path
+
+
+def settle_dir_times(root: Path, mtime_ns: int = 1_500_000_000_000_000_000) -> None:
+    """Give every directory a fixed mtime (after its content is final)."""
+    for folder, _dirs, _files in sorted(os.walk(root), key=lambda t: -len(t[0])):
+        os.utime(folder, ns=(mtime_ns, mtime_ns))
+
+
+def archive_both_ways(tmp_path: Path, src: Path, gnu_formats: List[str], tarfile_formats: List[str]) -> List[Path]:
+    archives = []
+    for fmt in gnu_formats:
+        archive = tmp_path / f"gnu-{fmt}.tar"
+        gnu_tar_create(archive, src, fmt)
+        archives.append(archive)
+    for name in tarfile_formats:
+        archive = tmp_path / f"{name}.tar"
+        tarfile_create(archive, src, TARFILE_FORMATS[name])
+        archives.append(archive)
+    return archives
+
+
+def make_basic_tree(src: Path, devices: bool = True) -> None:
+    write(src / "empty.txt", b"")
+    write(src / "one-block.bin", os.urandom(512), 0o600)
+    write(src / "odd.bin", os.urandom(513), 0o755)
+    write(src / "dir" / "nested" / "deep.txt", b"deep\n", 0o640)
+    (src / "empty-dir").mkdir()
+    os.chmod(src / "empty-dir", 0o700)
+    (src / "sticky").mkdir(mode=0o777)
+    os.chmod(src / "sticky", 0o1777)
+    write(src / "setuid", b"#!/bin/sh\n", 0o4755)
+    write(src / "setgid", b"#!/bin/sh\n", 0o2750)
+    write(src / "nothing", b"secret", 0o000)
+    os.symlink("dir/nested", src / "link-to-dir")
+    os.symlink("does/not/exist", src / "dangling")
+    os.symlink("/etc/passwd", src / "absolute-link")
+    os.symlink("../..", src / "dir" / "up-link")
+    os.link(src / "odd.bin", src / "dir" / "hard-odd.bin")
+    os.link(src / "odd.bin", src / "hard-odd-2.bin")
+    if devices and IS_ROOT:
+        os.mknod(src / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        os.mknod(src / "loop", 0o660 | stat.S_IFBLK, os.makedev(7, 300))  # minor > 255
+        os.mkfifo(src / "fifo", 0o644)
+    if IS_ROOT:
+        os.lchown(src / "odd.bin", 1000, 100)
+        os.lchown(src / "dir" / "nested", 12345, 54321)
+        os.lchown(src / "dangling", 7, 8)
+    for p in (src / "link-to-dir", src / "dangling", src / "absolute-link", src / "dir" / "up-link"):
+        os.utime(p, ns=(1_234_567_890_000_000_000, 1_234_567_890_000_000_000), follow_symlinks=False)
+    settle_dir_times(src)
+
+
+# --- general trees in every format ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", GNU_FORMATS + list(TARFILE_FORMATS))
+def test_basic_tree(tmp_path: Path, fmt: str) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    make_basic_tree(src, devices=True)
+    if fmt in TARFILE_FORMATS:
+        archives = archive_both_ways(tmp_path, src, [], [fmt])
+    else:
+        archives = archive_both_ways(tmp_path, src, [fmt], [])
+    extracted = check_archive_against_tar(archives[0], tmp_path)
+    # The checks are not vacuous: the interesting members are really there.
+    assert extracted["/odd.bin"].nlink == 3
+    assert extracted["/dangling"].target == "does/not/exist"
+    assert stat.S_IMODE(extracted["/setuid"].mode) == 0o4755
+    assert stat.S_IMODE(extracted["/sticky"].mode) == 0o1777
+    if IS_ROOT:
+        assert extracted["/loop"].kind == "b" and os.minor(extracted["/loop"].rdev) == 300
+        assert extracted["/fifo"].kind == "p"
+        assert extracted["/dir/nested"].uid == 12345
+
+
+def test_v7_format(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    write(src / "a.txt", b"hello v7\n", 0o640)
+    write(src / "d" / "b.bin", os.urandom(1000))
+    os.symlink("a.txt", src / "sym")
+    os.link(src / "a.txt", src / "d" / "hard")
+    (src / "empty").mkdir()
+    settle_dir_times(src)
+    archive = tmp_path / "v7.tar"
+    gnu_tar_create(archive, src, "v7")
+    assert (archive.read_bytes()[257:263]) != b"ustar\0"
+    extracted = check_archive_against_tar(archive, tmp_path)
+    assert extracted["/empty"].kind == "d" and extracted["/d/hard"].nlink == 2
+
+
+# --- long names -----------------------------------------------------------------------------------
+
+
+def make_long_name_tree(src: Path) -> Dict[str, str]:
+    """Names of 100-255 bytes per component and paths above 255 bytes; long link targets."""
+    long_file = "f" * 150 + ".txt"
+    deep = Path("d" * 120) / ("e" * 120) / ("g" * 120)
+    write(src / long_file, b"long file name\n")
+    write(src / deep / "x.bin", os.urandom(700))
+    write(src / ("prefix-split-" + "p" * 80) / ("n" * 99), b"exactly 99 byte name\n")
+    write(src / ("h" * 100), b"100 bytes\n")
+    long_target = "t" * 200
+    os.symlink(long_target, src / "long-symlink")
+    os.symlink(str(deep / "x.bin"), src / ("s" * 130))
+    os.link(src / deep / "x.bin", src / ("hardlink-" + "k" * 140))
+    settle_dir_times(src)
+    return {"long_file": "/" + long_file, "deep": "/" + str(deep / "x.bin"), "long_target": long_target}
+
+
+@pytest.mark.parametrize("fmt", ["gnu", "oldgnu", "pax", "posix", "tarfile-gnu", "tarfile-pax"])
+def test_long_names_and_link_names(tmp_path: Path, fmt: str) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    names = make_long_name_tree(src)
+    archive = archive_both_ways(tmp_path, src, [fmt] if fmt in GNU_FORMATS else [], [fmt] if fmt in TARFILE_FORMATS else [])[0]
+    data = archive.read_bytes()
+    if "gnu" in fmt:
+        assert b"././@LongLink" in data  # GNU L/K records really used
+    else:
+        assert b" path=" in data and b" linkpath=" in data
+    extracted = check_archive_against_tar(archive, tmp_path)
+    assert extracted["/long-symlink"].target == names["long_target"]
+    assert extracted[names["deep"]].nlink == 2
+    with ratarmountcore.open(str(archive), FRESH) as s:
+        assert s.read(names["long_file"]) == b"long file name\n"
+
+
+@pytest.mark.parametrize("fmt", ["ustar", "tarfile-ustar"])
+def test_ustar_prefix_names(tmp_path: Path, fmt: str) -> None:
+    """Paths of up to 255 bytes split into the ustar prefix and name fields."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rel = Path("a" * 90) / ("b" * 60) / ("c" * 99)  # 251 bytes
+    write(src / rel, b"prefix + name\n")
+    write(src / ("q" * 97) / "short", b"short name, long prefix\n")
+    os.symlink("z" * 100, src / "max-linkname")  # ustar link names: exactly 100 bytes, no NUL
+    settle_dir_times(src)
+    archive = tmp_path / f"{fmt}.tar"
+    if fmt == "ustar":
+        gnu_tar_create(archive, src, "ustar")
+    else:
+        tarfile_create(archive, src, tarfile.USTAR_FORMAT)
+    raw = archive.read_bytes()
+    assert b"././@LongLink" not in raw and b"path=" not in raw
+    extracted = check_archive_against_tar(archive, tmp_path)
+    assert "/" + str(rel) in extracted
+    assert extracted["/max-linkname"].target == "z" * 100
+
+
+def test_name_field_without_nul_terminator(tmp_path: Path) -> None:
+    """A 100-byte name fills the name field completely (no NUL) and must not run into mode."""
+    archive = tmp_path / "full.tar"
+    with tarfile.open(archive, "w", format=tarfile.USTAR_FORMAT) as tar:
+        info = tarfile.TarInfo("x" * 100)
+        info.size = 3
+        info.mtime = 1_000_000
+        tar.addfile(info, io.BytesIO(b"abc"))
+    assert archive.read_bytes()[99:101] == b"x" + b"0"  # mode field starts right after
+    check_archive_against_tar(archive, tmp_path)
+
+
+# --- names: encodings and sanitization --------------------------------------------------------------
+
+NON_ASCII = ["héllo wörld.txt", "日本語のファイル.txt", "emoji-\U0001f600.bin", "ΑΒΓ/δέλτα/ε.txt", "tab\tand newline\nname"]
+
+
+@pytest.mark.parametrize("fmt", GNU_FORMATS + list(TARFILE_FORMATS))
+def test_non_ascii_names(tmp_path: Path, fmt: str) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, name in enumerate(NON_ASCII):
+        write(src / name, f"content {i}\n".encode())
+    os.symlink("日本語のファイル.txt", src / "ссылка")
+    settle_dir_times(src)
+    archive = archive_both_ways(tmp_path, src, [fmt] if fmt in GNU_FORMATS else [], [fmt] if fmt in TARFILE_FORMATS else [])[0]
+    extracted = check_archive_against_tar(archive, tmp_path)
+    for name in NON_ASCII:
+        assert "/" + name in extracted
+    with ratarmountcore.open(str(archive), FRESH) as s:
+        assert s.readlink("/ссылка") == "日本語のファイル.txt"
+        assert s.read("/ΑΒΓ/δέλτα/ε.txt") == b"content 3\n"
+
+
+NON_UTF8 = [b"\xff\xfe.bin", b"latin1-caf\xe9.txt", b"dir-\x80\x81/inner-\xc3\x28.txt"]
+
+
+@pytest.mark.parametrize("fmt", ["gnu", "pax", "ustar", "tarfile-gnu", "tarfile-pax", "tarfile-ustar"])
+def test_non_utf8_names(tmp_path: Path, fmt: str) -> None:
+    """Names that are not UTF-8 survive byte for byte; the API shows them with surrogateescape."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, raw in enumerate(NON_UTF8):
+        write(src / os.fsdecode(raw), b"bytes %d\n" % i)
+    os.symlink(os.fsdecode(b"\xff\xfe.bin"), src / os.fsdecode(b"link-\xfa"))
+    settle_dir_times(src)
+    archive = archive_both_ways(tmp_path, src, [fmt] if fmt in GNU_FORMATS else [], [fmt] if fmt in TARFILE_FORMATS else [])[0]
+    extracted = check_archive_against_tar(archive, tmp_path)
+    with ratarmountcore.open(str(archive), FRESH) as s:
+        for i, raw in enumerate(NON_UTF8):
+            path = "/" + os.fsdecode(raw)
+            assert path in extracted
+            assert s.read(path) == b"bytes %d\n" % i
+            assert os.fsencode(path) == b"/" + raw
+        assert os.fsencode(s.readlink("/" + os.fsdecode(b"link-\xfa"))) == b"\xff\xfe.bin"
+
+
+def test_sanitized_member_names(tmp_path: Path) -> None:
+    """``..`` and leading ``/`` never lead outside the root: they are resolved inside it."""
+    archive = tmp_path / "evil.tar"
+    members = {
+        "../../etc/x": b"escape attempt\n",
+        "/abs/y": b"absolute\n",
+        "a/../../b": b"dotdot in the middle\n",
+        "./../c": b"dot dotdot\n",
+        "//double//slash": b"slashes\n",
+        "ok/../ok2/./file": b"normal after resolution\n",
+    }
+    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = 1_000
+            tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("../../hard")
+        link.type = tarfile.LNKTYPE
+        link.linkname = "../../etc/x"
+        tar.addfile(link)
+        sym = tarfile.TarInfo("/../sym")
+        sym.type = tarfile.SYMTYPE
+        sym.linkname = "../../../etc/shadow"
+        tar.addfile(sym)
+    expected = {
+        "/etc/x": b"escape attempt\n",
+        "/abs/y": b"absolute\n",
+        "/b": b"dotdot in the middle\n",
+        "/c": b"dot dotdot\n",
+        "/double/slash": b"slashes\n",
+        "/ok2/file": b"normal after resolution\n",
+        "/hard": b"escape attempt\n",
+    }
+    with ratarmountcore.open(str(archive), FRESH) as s:
+        for path, data in expected.items():
+            assert s.read(path) == data, path
+        assert s.info("/hard").nlink == 2 and s.info("/etc/x").nlink == 2
+        assert s.readlink("/sym") == "../../../etc/shadow"  # targets are verbatim, never followed
+        seen = []
+        for folder, dirs, files in s.walk("/"):
+            for name in dirs + files:
+                assert name not in ("", ".", "..") and "/" not in name
+                seen.append(folder.rstrip("/") + "/" + name)
+        assert sorted(p for p in seen if s.info(p).is_file) == sorted(expected)
+        assert not s.exists("/..") or s.info("/..") == s.info("/")
+
+    # GNU tar refuses such members; ratarmount deliberately keeps them, inside the root. What
+    # tar does extract (the harmless members) must match.
+    dest = tmp_path / "x"
+    result = tar_extract(archive, dest, check=False)
+    assert result.returncode != 0 and b"contains '..'" in result.stderr
+    assert (dest / "abs" / "y").read_bytes() == b"absolute\n"
+    assert (dest / "double" / "slash").read_bytes() == b"slashes\n"
+
+
+@requires_fuse
+def test_sanitized_names_through_fuse(tmp_path: Path) -> None:
+    archive = tmp_path / "evil.tar"
+    with tarfile.open(archive, "w") as tar:
+        info = tarfile.TarInfo("../../../etc/x")
+        info.size = 4
+        tar.addfile(info, io.BytesIO(b"evil"))
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = run_ratarmount(str(archive), str(mnt))
+    assert result.returncode == 0, result.stderr
+    try:
+        real = os.path.realpath(mnt / "etc" / "x")
+        assert real.startswith(str(mnt) + os.sep)
+        with open(real, "rb") as f:
+            assert f.read() == b"evil"
+        assert sorted(os.listdir(mnt)) == ["etc"]
+    finally:
+        lazy_unmount(mnt)
+
+
+# --- times and owners -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["pax", "posix", "tarfile-pax", "gnu", "tarfile-gnu"])
+def test_fractional_and_negative_mtimes(tmp_path: Path, fmt: str) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    times = {
+        "frac.txt": 1_234_567_890_123_456_789,
+        "tiny.txt": 1_000_000_000_000_000_001,
+        "zero.txt": 0,
+        "pre-1970.txt": -86_400_000_000_000 - 250_000_000,  # 1969-12-30 23:59:59.75
+        "far-future.txt": 10_000_000_000_500_000_000,  # beyond the 11-digit octal field
+    }
+    for name, ns in times.items():
+        write(src / name, name.encode(), mtime_ns=ns)
+    os.symlink("frac.txt", src / "sym")
+    os.utime(src / "sym", ns=(1, 987_654_321_987_654_321), follow_symlinks=False)
+    (src / "d").mkdir()
+    os.utime(src / "d", ns=(1, 1_111_111_111_999_999_999))
+    archive = archive_both_ways(tmp_path, src, [fmt] if fmt in GNU_FORMATS else [], [fmt] if fmt in TARFILE_FORMATS else [])[0]
+    extracted = check_archive_against_tar(archive, tmp_path)
+    if fmt in ("pax", "posix"):  # GNU tar stores nanoseconds in pax headers
+        assert extracted["/frac.txt"].mtime_ns == times["frac.txt"]
+        assert extracted["/pre-1970.txt"].mtime_ns == times["pre-1970.txt"]
+        assert extracted["/sym"].mtime_ns == 987_654_321_987_654_321
+    elif fmt == "gnu":
+        assert extracted["/frac.txt"].mtime_ns == 1_234_567_890_000_000_000
+        assert extracted["/pre-1970.txt"].mtime_ns == -86_401_000_000_000  # floor to seconds
+
+
+@requires_root
+@pytest.mark.parametrize("fmt", ["pax", "gnu", "oldgnu", "tarfile-pax", "tarfile-gnu"])
+def test_large_uid_gid(tmp_path: Path, fmt: str) -> None:
+    """Owners above the 7-digit octal limit (2097151): pax records or GNU base-256 fields."""
+    src = tmp_path / "src"
+    src.mkdir()
+    owners = {"small": (1000, 1000), "limit": (2_097_151, 2_097_151), "above": (2_097_152, 3_000_000), "huge": (4_000_000_000, 4_294_967_294)}
+    for name, (uid, gid) in owners.items():
+        write(src / name, name.encode())
+        os.chown(src / name, uid, gid)
+    (src / "dir").mkdir()
+    os.chown(src / "dir", 3_500_000_000, 99)
+    os.symlink("small", src / "sym")
+    os.lchown(src / "sym", 2_222_222_222, 2_222_222_223)
+    settle_dir_times(src)
+    archive = archive_both_ways(tmp_path, src, [fmt] if fmt in GNU_FORMATS else [], [fmt] if fmt in TARFILE_FORMATS else [])[0]
+    extracted = check_archive_against_tar(archive, tmp_path)
+    assert (extracted["/huge"].uid, extracted["/huge"].gid) == owners["huge"]
+    assert extracted["/sym"].uid == 2_222_222_222
+
+
+# --- sparse and huge files ------------------------------------------------------------------------
+
+SPARSE_SIZE = 9 * GiB + 12345
+SPARSE_REGIONS: List[Tuple[int, bytes]] = [
+    (0, b"A" * 4096),
+    (4 * GiB + 123, os.urandom(10_000)),
+    (8 * GiB + 5 * (1 << 20), os.urandom(1 << 20)),
+    (SPARSE_SIZE - 100, b"E" * 100),  # ends with data
+]
+TAIL_HOLE_REGIONS: List[Tuple[int, bytes]] = [(8 * GiB + 4096, b"middle" * 1000)]  # ends with a hole
+
+
+def make_sparse(path: Path, size: int, regions: List[Tuple[int, bytes]]) -> None:
+    with open(path, "wb") as f:
+        for offset, data in regions:
+            f.seek(offset)
+            f.write(data)
+        f.truncate(size)
+    os.utime(path, ns=(1, 1_650_000_000_000_000_000))
+
+
+def data_regions(fd: int, size: int) -> List[Tuple[int, int]]:
+    regions = []
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError:
+            break
+        end = os.lseek(fd, start, os.SEEK_HOLE)
+        regions.append((start, end))
+        pos = end
+    return regions
+
+
+def assert_same_sparse_content(src: ratarmountcore.MountSource, path: str, extracted: Path, full: bool) -> None:
+    """Compare a huge sparse file chunk by chunk (holes read as zeros on both sides).
+
+    ``full``: read every byte through ratarmount; otherwise the extracted file's data regions,
+    the region borders and samples inside the holes."""
+    size = extracted.stat().st_size
+    info = src.info(path)
+    assert info.size == size
+    chunk = 64 << 20
+    zeros = bytes(chunk)
+    with open(extracted, "rb") as ef, src.open(path) as af:
+        fd = ef.fileno()
+        regions = data_regions(fd, size)
+        assert regions, "the extracted file has no data at all"
+
+        def expected(offset: int, n: int) -> bytes:
+            if any(s < offset + n and offset < e for s, e in regions):
+                return os.pread(fd, n, offset)
+            return zeros[:n]
+
+        if full:
+            offset = 0
+            while offset < size:
+                n = min(chunk, size - offset)
+                got = af.read(n)
+                assert len(got) == n
+                if got != expected(offset, n):
+                    raise AssertionError(f"{path}: content differs in [{offset}, {offset + n})")
+                offset += n
+            assert af.read(1) == b""
+        else:
+            probes = [(0, 1 << 20), (size - (1 << 20), 1 << 20), (size // 2, 4096), (size // 3 + 7, 100_000)]
+            for s, e in regions:
+                probes += [(max(0, s - 4096), min(e, s + (1 << 20)) - max(0, s - 4096) + 4096), (max(0, e - 8192), 16384)]
+            for offset, n in probes:
+                n = min(n, size - offset)
+                af.seek(offset)
+                assert af.read(n) == expected(offset, n), f"{path}: content differs at {offset}+{n}"
+
+
+@pytest.fixture(scope="module")
+def sparse_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    src = tmp_path_factory.mktemp("sparse") / "src"
+    src.mkdir()
+    make_sparse(src / "big-sparse.bin", SPARSE_SIZE, SPARSE_REGIONS)
+    make_sparse(src / "tail-hole.bin", 8 * GiB + (1 << 20), TAIL_HOLE_REGIONS)
+    write(src / "small.txt", b"not sparse\n")
+    make_sparse(src / "all-hole.bin", 1 << 20, [])
+    settle_dir_times(src)
+    return src
+
+
+SPARSE_VARIANTS = {
+    "pax": ["--format=pax", "--sparse"],
+    "pax-0.0": ["--format=pax", "--sparse", "--sparse-version=0.0"],
+    "pax-0.1": ["--format=pax", "--sparse", "--sparse-version=0.1"],
+    "pax-1.0": ["--format=pax", "--sparse", "--sparse-version=1.0"],
+    "gnu": ["--format=gnu", "-S"],
+    "oldgnu": ["--format=oldgnu", "-S"],
+}
+
+
+@pytest.mark.parametrize("variant", list(SPARSE_VARIANTS))
+def test_sparse_files_above_8GiB(tmp_path: Path, sparse_source: Path, variant: str) -> None:
+    archive = tmp_path / f"sparse-{variant}.tar"
+    result = subprocess.run(
+        ["tar", *SPARSE_VARIANTS[variant], "--numeric-owner", "-C", str(sparse_source), "-cf", str(archive), "."],
+        capture_output=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert archive.stat().st_size < 64 << 20  # the holes were not stored
+    big = ["/big-sparse.bin", "/tail-hole.bin"]
+    extracted = check_archive_against_tar(archive, tmp_path, skip_content=big)
+    dest = tmp_path / (archive.name + ".extracted")
+    with ratarmountcore.open(str(archive), FRESH) as s:
+        assert s.info("/big-sparse.bin").size == SPARSE_SIZE == extracted["/big-sparse.bin"].size
+        for path in big:
+            assert_same_sparse_content(s, path, dest / path[1:], full=variant in ("pax", "gnu") and path == "/big-sparse.bin")
+        with s.open("/big-sparse.bin") as f:
+            for offset, data in SPARSE_REGIONS:
+                f.seek(offset)
+                assert f.read(len(data)) == data
+
+
+def _huge_member_archive(path: Path, fmt: int, size: int, writes: List[Tuple[int, bytes]]) -> int:
+    """An archive with one non-sparse member of ``size`` bytes, itself a sparse file on disk
+    (only ``writes`` hold data); returns the member's data offset."""
+    info = tarfile.TarInfo("huge.bin")
+    info.size = size
+    info.mtime = 1_700_000_000
+    info.mode = 0o640
+    header = info.tobuf(fmt, "utf-8", "surrogateescape")
+    with open(path, "wb") as f:
+        f.write(header)
+        data_offset = f.tell()
+        for offset, data in writes:
+            f.seek(data_offset + offset)
+            f.write(data)
+        end = data_offset + (size + 511) // 512 * 512
+        f.seek(end)
+        f.write(b"\0" * 1024)
+        f.write(b"\0" * (10240 - (end + 1024) % 10240 if (end + 1024) % 10240 else 0))
+    return data_offset
+
+
+@pytest.mark.parametrize("fmt", ["pax", "gnu"])
+def test_huge_non_sparse_member(tmp_path: Path, fmt: str) -> None:
+    """A member above 8 GiB in a pax ``size`` record or a GNU base-256 size field. The archive is
+    a sparse file on disk; GNU tar streams the member (tar -xO) and it is compared chunk by chunk."""
+    size = 8 * GiB + 3 * (1 << 20) + 17
+    writes = [(0, b"start"), (5 * GiB, os.urandom(70_000)), (size - 9, b"last-byte")]
+    archive = tmp_path / f"huge-{fmt}.tar"
+    data_offset = _huge_member_archive(archive, tarfile.PAX_FORMAT if fmt == "pax" else tarfile.GNU_FORMAT, size, writes)
+    with open(archive, "rb") as f:
+        raw = f.read(data_offset)
+    if fmt == "pax":
+        assert b" size=%d\n" % size in raw
+    else:
+        assert raw[-512 + 124] == 0x80  # base-256 size field
+    listing = subprocess.run(["tar", "-tvf", str(archive)], capture_output=True, check=True).stdout
+    assert str(size).encode() in listing
+    with ratarmountcore.open(str(archive), FRESH) as s:
+        assert s.listdir("/") == ["huge.bin"]
+        info = s.info("/huge.bin")
+        assert (info.size, stat.S_IMODE(info.mode), info.mtime_ns) == (size, 0o640, 1_700_000_000 * 10**9)
+        with s.open("/huge.bin") as f:
+            for offset, data in writes:
+                f.seek(offset)
+                assert f.read(len(data)) == data
+        # Stream GNU tar's view of the member and compare everything.
+        proc = subprocess.Popen(["tar", "-xOf", str(archive), "huge.bin"], stdout=subprocess.PIPE, bufsize=0)
+        assert proc.stdout is not None
+        chunk = 16 << 20
+        offset = 0
+        with s.open("/huge.bin") as f:
+            while True:
+                want = proc.stdout.read(chunk)
+                while want and len(want) < chunk:
+                    more = proc.stdout.read(chunk - len(want))
+                    if not more:
+                        break
+                    want += more
+                if not want:
+                    break
+                got = f.read(len(want))
+                if got != want:
+                    raise AssertionError(f"content differs from tar -xO in [{offset}, {offset + len(want)})")
+                offset += len(want)
+            assert f.read(1) == b""
+        assert proc.wait() == 0
+        assert offset == size
+
+
+# --- archive layout --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["gnu", "ustar", "pax"])
+def test_implicit_directories(tmp_path: Path, fmt: str) -> None:
+    src = tmp_path / "src"
+    write(src / "a" / "b" / "c.txt", b"c\n")
+    write(src / "a" / "b2" / "d.txt", b"d\n")
+    write(src / "x" / "y.txt", b"y\n")
+    archive = tmp_path / "implicit.tar"
+    gnu_tar_create(archive, src, fmt, "--no-recursion", members=["a/b/c.txt", "a/b2/d.txt", "x/y.txt", "x"])
+    extracted = check_archive_against_tar(archive, tmp_path)
+    with ratarmountcore.open(str(archive), FRESH) as s:
+        assert s.listdir("/") == ["a", "x"]
+        assert s.listdir("/a") == ["b", "b2"]
+        assert s.info("/a").is_dir and s.info("/a/b").is_dir
+        assert s.info("/a").nlink == 4 == extracted["/a"].nlink
+        assert s.read("/a/b/c.txt") == b"c\n"
+        # The explicit directory keeps its own metadata.
+        assert s.info("/x").mtime_ns == extracted["/x"].mtime_ns
+
+
+@pytest.mark.parametrize("how", ["dot", "dot-slash-names", "plain-names", "absolute"])
+def test_dot_slash_prefixes(tmp_path: Path, how: str) -> None:
+    src = tmp_path / "src"
+    write(src / "f.txt", b"f\n")
+    write(src / "sub" / "g.txt", b"g\n")
+    os.chmod(src, 0o750)
+    settle_dir_times(src, 1_400_000_000_123_456_789)
+    archive = tmp_path / f"{how}.tar"
+    if how == "dot":
+        gnu_tar_create(archive, src, "pax")  # members "./", "./f.txt", ...
+    elif how == "dot-slash-names":
+        gnu_tar_create(archive, src, "gnu", members=["./f.txt", "./sub"])
+    elif how == "plain-names":
+        gnu_tar_create(archive, src, "gnu", members=["f.txt", "sub"])
+    else:
+        gnu_tar_create(archive, src, "gnu", "--absolute-names", members=[str(src / "f.txt"), str(src / "sub")])
+    names = subprocess.run(["tar", "-tf", str(archive)], capture_output=True, check=True).stdout.split()
+    assert names and (how != "dot" or names[0] == b"./")
+    if how == "absolute":
+        assert names[0].startswith(b"/")
+        with ratarmountcore.open(str(archive), FRESH) as s:
+            inner = str(src / "f.txt")
+            assert s.read(inner) == b"f\n" and s.read(str(src / "sub" / "g.txt")) == b"g\n"
+        return
+    extracted = check_archive_against_tar(archive, tmp_path)
+    with ratarmountcore.open(str(archive), FRESH) as s:
+        assert s.listdir("/") == ["f.txt", "sub"]
+        if how == "dot":  # the "./" member describes the root itself
+            assert stat.S_IMODE(s.info("/").mode) == 0o750 == stat.S_IMODE(extracted["/"].mode)
+            assert s.info("/").mtime_ns == 1_400_000_000_123_456_789
+
+
+def test_appended_versions(tmp_path: Path) -> None:
+    """``tar -r`` appends new versions: the last one wins, all are reachable as PATH.versions/N."""
+    src = tmp_path / "src"
+    archive = tmp_path / "appended.tar"
+    contents = [b"version one\n", b"version two is longer\n", b"3\n"]
+    for i, data in enumerate(contents):
+        write(src / "f.txt", data, mode=0o600 + i, mtime_ns=(1_600_000_000 + i) * 10**9)
+        write(src / "d" / "inner.txt", data)
+        if i == 0:
+            os.symlink("f.txt", src / "changes-type")
+        elif i == 1:
+            os.unlink(src / "changes-type")
+            write(src / "changes-type", b"now a file\n")
+        settle_dir_times(src, (1_500_000_000 + i) * 10**9)
+        members = ["f.txt", "changes-type", "d"] if i < 2 else ["f.txt", "d/inner.txt"]
+        if i == 0:
+            gnu_tar_create(archive, src, "gnu", members=members)
+        else:
+            result = subprocess.run(["tar", "--numeric-owner", "-C", str(src), "-rf", str(archive), *members], capture_output=True)
+            assert result.returncode == 0, result.stderr
+    extracted = check_archive_against_tar(archive, tmp_path)
+    assert extracted["/changes-type"].kind == "f"
+    with ratarmountcore.open(str(archive), FRESH) as s:
+        assert s.read("/f.txt") == contents[-1]
+        assert s.listdir("/f.txt.versions") == ["1", "2", "3"]
+        for i, data in enumerate(contents):
+            assert s.read(f"/f.txt.versions/{i + 1}") == data
+            assert stat.S_IMODE(s.info(f"/f.txt.versions/{i + 1}").mode) == 0o600 + i
+        assert [s.read(f"/d/inner.txt.versions/{i}") for i in (1, 2, 3)] == contents
+        assert s.readlink("/changes-type.versions/1") == "f.txt"
+        assert s.read("/changes-type.versions/2") == b"now a file\n"
+        assert not s.exists("/f.txt.versions/4") and not s.exists("/f.txt.versions/0")
+        assert s.info("/d.versions").is_dir and s.listdir("/d.versions") == ["1", "2"]
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes = b"", **fields) -> None:  # type: ignore[no-untyped-def]
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = fields.pop("mtime", 1_000_000)
+    for key, value in fields.items():
+        setattr(info, key, value)
+    tar.addfile(info, io.BytesIO(data) if data else None)
+
+
+def test_hard_links_follow_extraction_order(tmp_path: Path) -> None:
+    """A hard link gets the content its target had when tar extracted the link; link counts
+    count only what is still visible."""
+    archive = tmp_path / "links.tar"
+    with tarfile.open(archive, "w", format=tarfile.GNU_FORMAT) as tar:
+        _add(tar, "f", b"first", mode=0o640, uid=5, gid=6)
+        _add(tar, "h1", type=tarfile.LNKTYPE, linkname="f")
+        _add(tar, "./h2", type=tarfile.LNKTYPE, linkname="./h1")  # link to a link
+        _add(tar, "f", b"second version", mode=0o600)  # replaces f; h1/h2 keep "first"
+        _add(tar, "h3", type=tarfile.LNKTYPE, linkname="f")
+        _add(tar, "s", type=tarfile.SYMTYPE, linkname="f", mode=0o777)
+        _add(tar, "hs", type=tarfile.LNKTYPE, linkname="s")  # hard link to a symlink
+        _add(tar, "x", b"will be shadowed")
+        _add(tar, "x", type=tarfile.LNKTYPE, linkname="missing-target")  # fails in tar: x stays
+    dest = tmp_path / "x"
+    result = tar_extract(archive, dest, check=False)
+    assert result.returncode == 2 and b"missing-target" in result.stderr  # the one broken link
+    expected = snapshot_dir(dest)
+    with ratarmountcore.open(str(archive), FRESH) as s:
+        compare_trees(expected, snapshot_source(s), check_root=False, label="links")
+        assert s.read("/h2") == b"first" and s.info("/h2").nlink == 2
+        assert s.read("/h3") == b"second version" and s.info("/f").nlink == 2
+        assert s.readlink("/hs") == "f"
+        assert s.read("/x") == b"will be shadowed"
+
+
+def test_all_zero_archive(tmp_path: Path) -> None:
+    archive = tmp_path / "zeros.tar"
+    archive.write_bytes(b"\0" * 10240)
+    dest = tmp_path / "x"
+    tar_extract(archive, dest)
+    assert os.listdir(dest) == []
+    with ratarmountcore.open(str(archive), FRESH) as s:
+        assert s.listdir("/") == []
+        assert s.info("/").is_dir
+        assert not s.exists("/anything")
+
+
+def test_end_marker_stops_listing(tmp_path: Path) -> None:
+    """Data after the end-of-archive marker is not part of the archive (GNU tar without -i)."""
+    first, second = tmp_path / "a.tar", tmp_path / "b.tar"
+    for archive, name in ((first, "a.txt"), (second, "b.txt")):
+        with tarfile.open(archive, "w") as tar:
+            _add(tar, name, name.encode())
+    both = tmp_path / "both.tar"
+    both.write_bytes(first.read_bytes() + second.read_bytes())
+    check_archive_against_tar(both, tmp_path)
+    with ratarmountcore.open(str(both), FRESH) as s:
+        assert s.listdir("/") == ["a.txt"]
+
+
+def test_trailing_slash_regular_members_are_directories(tmp_path: Path) -> None:
+    """Old tars mark directories by a trailing slash on a regular-file member."""
+    archive = tmp_path / "slash.tar"
+    with tarfile.open(archive, "w", format=tarfile.USTAR_FORMAT) as tar:
+        _add(tar, "olddir/", mode=0o711, mtime=1_300_000_000)
+        _add(tar, "olddir/file", b"in old dir")
+    raw = bytearray(archive.read_bytes())
+    raw[156] = ord("0")  # REGTYPE with a trailing slash (tarfile wrote DIRTYPE)
+    raw[148:156] = b"%06o\0 " % (sum(raw[:148]) + 256 + sum(raw[156:512]))
+    archive.write_bytes(bytes(raw))
+    extracted = check_archive_against_tar(archive, tmp_path)
+    assert extracted["/olddir"].kind == "d"
