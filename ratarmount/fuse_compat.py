@@ -46,22 +46,21 @@ if fuse is not None:
         """mfusepy's FUSE with attribute-carrying readdir (libfuse 3 only)."""
 
         def readdir_fuse_3(self, path: Optional[bytes], buf: Any, filler: Any, offset: int, fip: Any, flags: int) -> int:
+            """Serve a listing prepared by ``opendir`` with real offsets.
+
+            With offsets, libfuse hands each entry's attributes straight to the kernel (the
+            offset-less mode drops them), so a READDIRPLUS fills the kernel's dentry and
+            attribute caches and the stats that follow a listing never reach us.
+            """
             plus = bool(flags & FUSE_READDIR_PLUS)
-            decoded = None if path is None else path.decode(self.encoding, self.errors)
-            items = self.operations.readdir(decoded, fip.contents.fh)
+            listing = self.operations.listing(fip.contents.fh)
             st = fuse.c_stat()
-            for item in items:
-                if isinstance(item, str):
-                    name, attrs = item, None
-                else:
-                    name, attrs, _ = item
-                fill_flags = 0
-                if attrs is not None:
-                    ctypes.memset(ctypes.byref(st), 0, ctypes.sizeof(st))
-                    fuse.set_st_attrs(st, attrs, use_ns=True)
-                    if plus and name not in (".", ".."):
-                        fill_flags = FUSE_FILL_DIR_PLUS
-                if filler(buf, name.encode(self.encoding, self.errors), st if attrs is not None else None, 0, fill_flags):
+            for position in range(offset, len(listing)):
+                name, attrs = listing[position]
+                ctypes.memset(ctypes.byref(st), 0, ctypes.sizeof(st))
+                fuse.set_st_attrs(st, attrs, use_ns=True)
+                fill_flags = FUSE_FILL_DIR_PLUS if plus and name not in (".", "..") else 0
+                if filler(buf, name.encode(self.encoding, self.errors), st, position + 1, fill_flags):
                     break
             return 0
 

@@ -76,6 +76,7 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
         self.source = source
         self._on_ready = on_ready
         self._handles: Dict[int, MemberFile] = {}
+        self._listings: Dict[int, List[Tuple[str, Dict[str, int]]]] = {}
         self._next_handle = itertools.count(1)
 
     def _info(self, path: str) -> FileInfo:
@@ -96,14 +97,29 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
         return info_to_attrs(self._info(path))
 
     @translate_errors
-    def readdir(self, path: str, fh: int) -> Iterable[Union[str, Tuple[str, Dict[str, int], int]]]:
+    def opendir(self, path: str) -> int:
         entries = self.source.list_entries(normalize(path))
         if entries is None:
             self._info(path)
             raise fuse.FuseOSError(errno.ENOTDIR)
-        result: List[Union[str, Tuple[str, Dict[str, int], int]]] = [".", ".."]
-        result.extend((name, info_to_attrs(info), 0) for name, info in entries)
-        return result
+        own = info_to_attrs(self._info(path))
+        listing: List[Tuple[str, Dict[str, int]]] = [(".", own), ("..", {"st_mode": 0o40755})]
+        listing.extend((name, info_to_attrs(info)) for name, info in entries)
+        handle = next(self._next_handle)
+        self._listings[handle] = listing
+        return handle
+
+    def listing(self, fh: int) -> List[Tuple[str, Dict[str, int]]]:
+        return self._listings.get(fh, [])
+
+    @translate_errors
+    def readdir(self, path: str, fh: int) -> Iterable[Union[str, Tuple[str, Dict[str, int], int]]]:
+        """Used by libfuse 2 only; libfuse 3 goes through ``fuse_compat.FUSE.readdir_fuse_3``."""
+        return [(name, attrs, 0) for name, attrs in self.listing(fh)]
+
+    def releasedir(self, path: str, fh: int) -> int:
+        self._listings.pop(fh, None)
+        return 0
 
     @translate_errors
     def readlink(self, path: str) -> str:
