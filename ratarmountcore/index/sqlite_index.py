@@ -13,7 +13,6 @@ import os
 import posixpath
 import sqlite3
 import struct
-import threading
 import time
 import uuid
 from importlib import resources
@@ -22,6 +21,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 from ..errors import InvalidIndexError, StaleIndexError
 from ..tar.scanner import KIND_DIR, KIND_HARDLINK, MemberRecord
 from .fingerprint import ArchiveStats
+from .pool import ConnectionPool
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,19 @@ def split_path(path: str) -> Tuple[bytes, bytes]:
         return b"", b""
     parent, name = posixpath.split(path)
     return encode(parent), encode(name)
+
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def encode_big_int(value: int) -> bytes:
+    """Integers beyond SQLite's int64 (e.g. nanosecond mtimes after the year 2262) are stored
+    as decimal text in a BLOB, which no column affinity converts; ``decode_int`` reverses it."""
+    return str(value).encode("ascii")
+
+
+def decode_int(value: "int | bytes") -> int:
+    return value if isinstance(value, int) else int(value)
 
 
 def pack_sparse(extents: Optional[Sequence[Tuple[int, int]]]) -> Optional[bytes]:
@@ -127,7 +140,7 @@ class IndexWriter:
                 record.kind,
                 record.mode,
                 record.size,
-                record.mtime_ns,
+                record.mtime_ns if _INT64_MIN <= record.mtime_ns <= _INT64_MAX else encode_big_int(record.mtime_ns),
                 record.uid,
                 record.gid,
                 row_id,
@@ -170,9 +183,13 @@ class IndexWriter:
             if statement.strip():
                 conn.execute(statement)
         self._add_implicit_dirs(implicit_dir_mtime_ns, implicit_uid, implicit_gid)
+        if self._has_hardlinks:
+            # Before marking overwritten rows: a link that tar cannot create is dropped, and the
+            # older member of the same name stays visible (as it does on disk after tar -x).
+            self._resolve_hardlinks()
         self._mark_overwritten()
         if self._has_hardlinks:
-            self._resolve_hardlinks()
+            self._count_hardlinks()
         self._count_dir_links()
         meta = {
             **self._meta,
@@ -255,6 +272,9 @@ class IndexWriter:
                 "offset_data=?, sparse=?, rdev=? WHERE id = ?",
                 (*target, row_id),
             )
+
+    def _count_hardlinks(self) -> None:
+        conn = self._conn
         conn.execute("CREATE INDEX files_by_ino ON files (ino)")
         conn.execute(
             "UPDATE files SET nlink = (SELECT COUNT(*) FROM files f2 WHERE f2.ino = files.ino AND f2.latest = 1) "
@@ -279,57 +299,25 @@ class IndexWriter:
 
 
 class IndexReader:
-    """Read-only access to a built index.
-
-    Connections live in a small pool rather than one per thread: libfuse starts and retires
-    worker threads as load changes, and a fresh SQLite connection costs about a millisecond. A
-    query borrows an idle connection (or opens one when all are busy) and returns it; the pool
-    never holds more connections than there were concurrent queries.
-    """
+    """Read-only access to a built index through a ``ConnectionPool`` (safe from any thread)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._idle: List[sqlite3.Connection] = []
-        self._all: List[sqlite3.Connection] = []
-        self._lock = threading.Lock()
+        self._pool = ConnectionPool(path)
+        self._query = self._pool.query
         try:
-            self.metadata: Dict[str, str] = dict(self._query("SELECT key, value FROM metadata", ()))
-            self._query("SELECT id FROM files LIMIT 1", ())
+            self.metadata: Dict[str, str] = dict(self._query("SELECT key, value FROM metadata"))
+            self._query("SELECT id FROM files LIMIT 1")
         except sqlite3.DatabaseError as exc:
             self.close()
             raise InvalidIndexError(f"{path} is not a valid ratarmount index ({exc})") from None
 
-    def _connect(self) -> sqlite3.Connection:
-        uri = "file:" + _uri_quote(self.path) + "?mode=ro&immutable=1"
-        conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
-        conn.execute("PRAGMA cache_size=-4000")
-        conn.execute("PRAGMA query_only=1")
-        with self._lock:
-            self._all.append(conn)
-        return conn
-
-    def _query(self, sql: str, params: tuple, one: bool = False) -> Any:
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
-        if conn is None:
-            conn = self._connect()
-        try:
-            cursor = conn.execute(sql, params)
-            return cursor.fetchone() if one else cursor.fetchall()
-        finally:
-            with self._lock:
-                self._idle.append(conn)
-
     @property
     def connection_count(self) -> int:
-        return len(self._all)
+        return self._pool.connection_count
 
     def close(self) -> None:
-        with self._lock:
-            for conn in self._all:
-                conn.close()
-            self._all.clear()
-            self._idle.clear()
+        self._pool.close()
 
     def validate(self, stats: ArchiveStats) -> None:
         """Raise StaleIndexError if this index does not describe the archive as it is now."""
@@ -378,8 +366,3 @@ class IndexReader:
         return [row[0] for row in rows]
 
 
-
-def _uri_quote(path: str) -> str:
-    from urllib.parse import quote
-
-    return quote(os.path.abspath(path), safe="/")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import stat
@@ -11,11 +10,10 @@ from typing import Iterable, List, NamedTuple, Optional, Tuple
 from ..errors import ArchiveError, NotFoundError, RatarmountError
 from ..index.builder import open_or_build
 from ..index.fingerprint import archive_stats
-from ..index.sqlite_index import IndexReader, IndexWriter, Row, encode, split_path, unpack_sparse
-from ..io.readers import MemberFile, PlainFileReader, RandomAccessReader, ReaderStream
+from ..index.sqlite_index import IndexReader, IndexWriter, Row, decode_int, encode, split_path, unpack_sparse
+from ..io.readers import MemberFile, PlainFileReader, RandomAccessReader
 from ..options import OpenOptions
-from ..progress import Progress
-from ..tar.scanner import TarScanner
+from ..tar.indexing import index_tar
 from .base import FileInfo, MountSource
 
 logger = logging.getLogger(__name__)
@@ -37,7 +35,7 @@ def row_to_info(row: Row) -> FileInfo:
     return FileInfo(
         mode=mode,
         size=size,
-        mtime_ns=mtime_ns,
+        mtime_ns=decode_int(mtime_ns),
         uid=uid,
         gid=gid,
         nlink=nlink,
@@ -46,23 +44,6 @@ def row_to_info(row: Row) -> FileInfo:
         rdev=rdev,
         locator=ArchiveLocator(offset, sparse),
     )
-
-
-def scan_tar_into(stream: io.RawIOBase, writer: IndexWriter, label: str, total: Optional[int], progress: bool) -> None:
-    """Scan a tar stream and add every member to ``writer`` (with a progress bar)."""
-    bar = Progress(f"Indexing {label}", total, enabled=progress)
-    count = 0
-
-    def on_progress(position: int) -> None:
-        bar.update(position, count)
-
-    buffered = io.BufferedReader(stream, buffer_size=1 << 20)  # type: ignore[arg-type]
-    try:
-        for record in TarScanner(buffered, label, on_progress):  # type: ignore[arg-type]
-            writer.add(record)
-            count += 1
-    finally:
-        bar.close()
 
 
 class ArchiveSource(MountSource):
@@ -183,15 +164,14 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> ArchiveSou
             raise ArchiveError(f"{path}: file is empty")
         fmt = sniff_bytes(plain.pread(0, 512))
         reader: RandomAccessReader = plain
-        build_options = {"format": fmt.value}
+        build_options = {"format": fmt.value, "recursive": str(int(options.recursive))}
         if fmt in COMPRESSIONS:
             reader = open_compressed(path, plain, fmt, options.compression)
             build_options.update(reader.index_options())  # type: ignore[attr-defined]
 
         def build(writer: IndexWriter) -> None:
             total = stats.size if reader is plain else None
-            stream = ReaderStream(reader, total)
-            scan_tar_into(stream, writer, path, total, options.index.progress)
+            index_tar(reader, total, writer, path, options.index.progress, options.recursive)
             if reader is not plain:
                 reader.export_seek_points(writer)  # type: ignore[attr-defined]
 

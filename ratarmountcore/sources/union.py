@@ -1,0 +1,175 @@
+"""Several sources at one mount point; later sources win on conflicts, folders merge.
+
+A lookup must not ask every source in turn (200 archives mounted together would make each
+``stat`` 200 queries). A union-wide SQLite table maps every (parent, name) to the last source
+that has it, so a lookup is one indexed query plus one query in the winning source. The table is
+built once from the sources' own indexes and cached on disk, keyed by the sources' identities, so
+a second union mount opens it directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import sqlite3
+import threading
+import uuid
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+
+from ..index.pool import ConnectionPool, read_only_uri
+from ..index.sqlite_index import encode, split_path
+from ..io.readers import MemberFile
+from .base import FileInfo, MountSource
+
+logger = logging.getLogger(__name__)
+
+UNION_FORMAT = "1"
+INO_SHIFT = 40
+
+
+class UnionLocator(NamedTuple):
+    source: int
+    info: FileInfo
+
+
+def _identity(source: MountSource) -> str:
+    """A string that changes whenever the source's content may have changed."""
+    index_path = getattr(source, "index_path", None)
+    if index_path:
+        st = os.stat(index_path)
+        return f"index:{os.path.abspath(index_path)}:{st.st_size}:{st.st_mtime_ns}"
+    return f"object:{id(source)}"
+
+
+class UnionSource(MountSource):
+    def __init__(self, sources: Sequence[MountSource], cache_folder: str = "~/.cache/ratarmount") -> None:
+        self.sources = list(sources)
+        self._lock = threading.Lock()
+        identities = [_identity(s) for s in self.sources]
+        digest = hashlib.sha256("\n".join([UNION_FORMAT, *identities]).encode()).hexdigest()[:24]
+        persistent = all(i.startswith("index:") for i in identities)
+        folder = os.path.expanduser(cache_folder)
+        self.table_path = os.path.join(folder, f"union-{digest}.sqlite") if persistent else ":memory:"
+        if self.table_path != ":memory:" and not os.path.exists(self.table_path):
+            try:
+                self._build()
+            except OSError as exc:
+                logger.warning("Cannot cache the union table in %s (%s); keeping it in memory", folder, exc)
+                self.table_path = ":memory:"
+        if self.table_path == ":memory:":
+            self._build()
+        self._pool = ConnectionPool(self.table_path) if self.table_path != ":memory:" else None
+
+    # --- the union-wide table -----------------------------------------------------------------
+    def _build(self) -> None:
+        if self.table_path == ":memory:":
+            conn = sqlite3.connect(":memory:", check_same_thread=False)
+            self._fill(conn)
+            self._memory = conn
+            return
+        os.makedirs(os.path.dirname(self.table_path), exist_ok=True)
+        temp = f"{self.table_path}.tmp-{uuid.uuid4().hex[:12]}"
+        try:
+            conn = sqlite3.connect(temp, isolation_level=None)
+            conn.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;")
+            self._fill(conn)  # one statement (and transaction) per source: DETACH needs none open
+            conn.close()
+            os.replace(temp, self.table_path)
+        except BaseException:
+            if os.path.exists(temp):
+                os.unlink(temp)
+            raise
+
+    def _fill(self, conn: sqlite3.Connection) -> None:
+        conn.execute(
+            "CREATE TABLE entries (parent BLOB NOT NULL, name BLOB NOT NULL, source INTEGER NOT NULL, "
+            "PRIMARY KEY (parent, name)) WITHOUT ROWID"
+        )
+        for number, source in enumerate(self.sources):
+            index_path = getattr(source, "index_path", None)
+            if index_path:
+                conn.execute("ATTACH DATABASE ? AS src", (read_only_uri(index_path),))
+                conn.execute(
+                    "INSERT OR REPLACE INTO entries (parent, name, source) "
+                    "SELECT parent, name, ? FROM src.files WHERE latest = 1 AND name != x''",
+                    (number,),
+                )
+                conn.execute("DETACH DATABASE src")
+            else:
+                rows = []
+                for folder, dirs, files in source.walk("/"):
+                    parent = encode(folder)
+                    rows.extend((parent, encode(name), number) for name in (*dirs, *files))
+                conn.executemany("INSERT OR REPLACE INTO entries (parent, name, source) VALUES (?, ?, ?)", rows)
+
+    def _query(self, sql: str, params: tuple) -> list:  # type: ignore[type-arg]
+        if self._pool is not None:
+            return self._pool.query(sql, params)  # type: ignore[no-any-return]
+        with self._lock:
+            return self._memory.execute(sql, params).fetchall()
+
+    def _winner(self, path: str) -> Optional[int]:
+        rows = self._query("SELECT source FROM entries WHERE parent = ? AND name = ?", split_path(path))
+        return int(rows[0][0]) if rows else None
+
+    def _children(self, path: str) -> List[Tuple[bytes, int]]:
+        return self._query("SELECT name, source FROM entries WHERE parent = ?", (encode(path),))
+
+    # --- MountSource --------------------------------------------------------------------------
+    def _wrap(self, number: int, info: FileInfo) -> FileInfo:
+        ino = info.ino if info.ino <= 1 and number == 0 else (number << INO_SHIFT) | info.ino
+        return dataclasses.replace(info, ino=ino if info.ino else 0, locator=UnionLocator(number, info))
+
+    def lookup(self, path: str) -> Optional[FileInfo]:
+        if path == "/":
+            info = self.sources[-1].lookup("/")
+            return None if info is None else dataclasses.replace(info, ino=1, locator=None)
+        number = self._winner(path)
+        if number is not None:
+            info = self.sources[number].lookup(path)
+            if info is not None:
+                return self._wrap(number, info)
+        # Paths no index lists (e.g. PATH.versions/N): ask the sources, newest first.
+        for number in range(len(self.sources) - 1, -1, -1):
+            info = self.sources[number].lookup(path)
+            if info is not None:
+                return self._wrap(number, info)
+        return None
+
+    def list_entries(self, path: str) -> Optional[Iterable[Tuple[str, FileInfo]]]:
+        info = self.lookup(path)
+        if info is None or not info.is_dir:
+            return None
+        wanted: Dict[int, set] = {}
+        for name, number in self._children(path):
+            wanted.setdefault(number, set()).add(name.decode("utf-8", "surrogateescape"))
+        if not wanted and isinstance(info.locator, UnionLocator):
+            entries = self.sources[info.locator.source].list_entries(path)  # e.g. a .versions folder
+            return None if entries is None else [(n, self._wrap(info.locator.source, i)) for n, i in entries]
+        result: List[Tuple[str, FileInfo]] = []
+        for number, names in wanted.items():
+            for name, child in self.sources[number].list_entries(path) or []:
+                if name in names:
+                    result.append((name, self._wrap(number, child)))
+        return result
+
+    def open_info(self, info: FileInfo) -> MemberFile:
+        locator = info.locator
+        if not isinstance(locator, UnionLocator):
+            raise FileNotFoundError(2, "not a file of this union")
+        return self.sources[locator.source].open_info(locator.info)
+
+    def statfs(self) -> dict:  # type: ignore[type-arg]
+        result = dict(self.sources[0].statfs())
+        for source in self.sources[1:]:
+            for key in ("f_blocks", "f_files"):
+                result[key] = result.get(key, 0) + source.statfs().get(key, 0)
+        return result
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+        for source in self.sources:
+            source.close()

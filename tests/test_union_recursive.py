@@ -1,0 +1,144 @@
+"""Union mounts (later sources win, folders merge, one indexed lookup) and archives in archives."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+import ratarmountcore
+from conftest import Mounter
+from ratarmountcore.options import OpenOptions
+from ratarmountcore.sources.union import UnionSource
+
+
+def tar_bytes(files: Dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = 1_600_000_000
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+@pytest.fixture(autouse=True)
+def private_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+def test_union_later_wins_and_folders_merge(tmp_path: Path) -> None:
+    a = tmp_path / "a.tar"
+    b = tmp_path / "b.tar"
+    a.write_bytes(tar_bytes({"d/x": b"from a", "only_a": b"A", "d/sub/deep": b"deep"}))
+    b.write_bytes(tar_bytes({"d/x": b"from b", "d/y": b"B"}))
+    with ratarmountcore.open([str(a), str(b)]) as src:
+        assert src.read("/d/x") == b"from b"
+        assert src.read("/only_a") == b"A"
+        assert src.listdir("/d") == ["sub", "x", "y"]
+        assert src.read("/d/sub/deep") == b"deep"
+        assert src.listdir("/") == ["d", "only_a"]
+        inodes = {src.stat(p).st_ino for p in ("/d/x", "/d/y", "/only_a", "/d/sub/deep")}
+        assert len(inodes) == 4
+    with ratarmountcore.open([str(b), str(a)]) as src:
+        assert src.read("/d/x") == b"from a"
+
+
+def test_union_lookup_asks_only_the_winning_source(tmp_path: Path) -> None:
+    paths: List[str] = []
+    for i in range(200):
+        path = tmp_path / f"part{i:03}.tar"
+        path.write_bytes(tar_bytes({f"shard{i:03}/file.bin": bytes([i]) * 10, "common.txt": str(i).encode()}))
+        paths.append(str(path))
+    with ratarmountcore.open(paths) as src:
+        assert isinstance(src, UnionSource)
+        calls = []
+        for number, source in enumerate(src.sources):
+            original = source.lookup
+
+            def counting(path: str, original=original, number=number):  # type: ignore[no-untyped-def]
+                calls.append(number)
+                return original(path)
+
+            source.lookup = counting  # type: ignore[method-assign]
+        assert src.read("/shard005/file.bin") == b"\x05" * 10
+        assert src.read("/common.txt") == b"199"
+        assert calls == [5, 199]
+        assert len(src.listdir("/")) == 201
+    # The union table is cached and reused by the next mount of the same sources.
+    tables = list((tmp_path / "home" / ".cache" / "ratarmount").glob("union-*.sqlite"))
+    assert len(tables) == 1
+    before = tables[0].stat().st_mtime_ns
+    with ratarmountcore.open(paths) as src:
+        assert src.read("/shard150/file.bin") == bytes([150]) * 10
+    assert tables[0].stat().st_mtime_ns == before
+
+
+def test_union_table_is_rebuilt_when_a_source_changes(tmp_path: Path) -> None:
+    a = tmp_path / "a.tar"
+    b = tmp_path / "b.tar"
+    a.write_bytes(tar_bytes({"x": b"1"}))
+    b.write_bytes(tar_bytes({"y": b"2"}))
+    with ratarmountcore.open([str(a), str(b)]) as src:
+        assert src.listdir("/") == ["x", "y"]
+    b.write_bytes(tar_bytes({"z": b"3", "x": b"4"}))
+    os.utime(b, ns=(1, 1))
+    with ratarmountcore.open([str(a), str(b)]) as src:
+        assert src.listdir("/") == ["x", "z"]
+        assert src.read("/x") == b"4"
+
+
+def make_nested(tmp_path: Path) -> Dict[str, bytes]:
+    inner_files = {f"n{c:04}": {f"n{c:04}_{i}.JPEG": os.urandom(700 + i) for i in range(5)} for c in range(4)}
+    outer: Dict[str, bytes] = {"README": b"outer"}
+    for synset, files in inner_files.items():
+        outer[f"train/{synset}.tar"] = tar_bytes(files)
+    deeper = tar_bytes({"level2.tar": tar_bytes({"leaf.txt": b"leaf"})})
+    outer["nested/level1.tar"] = deeper
+    (tmp_path / "outer.tar").write_bytes(tar_bytes(outer))
+    expected = {"/README": b"outer", "/nested/level1.tar/level2.tar/leaf.txt": b"leaf"}
+    for synset, files in inner_files.items():
+        for name, data in files.items():
+            expected[f"/train/{synset}.tar/{name}"] = data
+    return expected
+
+
+def test_recursive_archives_via_api(tmp_path: Path) -> None:
+    expected = make_nested(tmp_path)
+    options = OpenOptions(recursive=True)
+    with ratarmountcore.open(str(tmp_path / "outer.tar"), options) as src:
+        found = {}
+        for folder, _dirs, files in src.walk("/"):
+            for name in files:
+                path = (folder.rstrip("/") + "/" + name)
+                found[path] = src.read(path)
+        assert found == expected
+        assert src.is_dir("/train/n0001.tar")
+    index = tmp_path / "outer.tar.index.sqlite"
+    built = index.stat().st_mtime_ns
+    with ratarmountcore.open(str(tmp_path / "outer.tar"), options) as src:
+        assert src.read("/train/n0003.tar/n0003_4.JPEG") == expected["/train/n0003.tar/n0003_4.JPEG"]
+    assert index.stat().st_mtime_ns == built  # the inner members came from the persistent index
+    with ratarmountcore.open(str(tmp_path / "outer.tar")) as src:  # without -r: plain files again
+        assert not src.is_dir("/train/n0001.tar")
+
+
+def test_recursive_and_union_through_fuse(mounter: Mounter, tmp_path: Path) -> None:
+    expected = make_nested(tmp_path)
+    extra = tmp_path / "extra.tar"
+    extra.write_bytes(tar_bytes({"README": b"overridden", "train/more.txt": b"more"}))
+    mnt = mounter.mount(tmp_path / "outer.tar", extra, extra=["-r"])
+    expected["/README"] = b"overridden"
+    expected["/train/more.txt"] = b"more"
+    found = {}
+    for root, _dirs, files in os.walk(mnt):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                found[path[len(str(mnt)):]] = f.read()
+    assert found == expected
