@@ -12,7 +12,8 @@ import ctypes
 import ctypes.util
 import logging
 import os
-from typing import Any, Optional
+import threading
+from typing import Any, Optional, Set
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,20 @@ def libfuse_version() -> str:
 if fuse is not None:
 
     class FUSE(fuse.FUSE):  # type: ignore[misc,name-defined]
-        """mfusepy's FUSE with attribute-carrying readdir (libfuse 3 only)."""
+        """mfusepy's FUSE with attribute-carrying readdir (libfuse 3) and pinned thread states."""
+
+        _pinned: Set[int] = set()
+
+        def _wrapper(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+            # ctypes creates and destroys a Python thread state around every callback from a
+            # libfuse worker thread: tens of microseconds per FUSE request, and thread-locals
+            # vanish between requests. One extra PyGILState_Ensure per worker keeps its thread
+            # state alive for the life of the thread.
+            ident = threading.get_ident()
+            if ident not in self._pinned:
+                ctypes.pythonapi.PyGILState_Ensure()
+                self._pinned.add(ident)
+            return super()._wrapper(func, *args, **kwargs)
 
         def readdir_fuse_3(self, path: Optional[bytes], buf: Any, filler: Any, offset: int, fip: Any, flags: int) -> int:
             """Serve a listing prepared by ``opendir`` with real offsets.
