@@ -16,7 +16,7 @@ import os
 import sqlite3
 import threading
 import uuid
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from ..index.pool import ConnectionPool, read_only_uri
 from ..index.sqlite_index import encode, split_path
@@ -98,7 +98,7 @@ class UnionSource(MountSource):
                 )
                 conn.execute("DETACH DATABASE src")
             else:
-                rows = []
+                rows: List[Tuple[bytes, bytes, int]] = []
                 for folder, dirs, files in source.walk("/"):
                     parent = encode(folder)
                     rows.extend((parent, encode(name), number) for name in (*dirs, *files))
@@ -142,9 +142,9 @@ class UnionSource(MountSource):
         info = self.lookup(path)
         if info is None or not info.is_dir:
             return None
-        wanted: Dict[int, set] = {}
-        for name, number in self._children(path):
-            wanted.setdefault(number, set()).add(name.decode("utf-8", "surrogateescape"))
+        wanted: Dict[int, Set[str]] = {}
+        for raw_name, number in self._children(path):
+            wanted.setdefault(number, set()).add(raw_name.decode("utf-8", "surrogateescape"))
         if not wanted and isinstance(info.locator, UnionLocator):
             entries = self.sources[info.locator.source].list_entries(path)  # e.g. a .versions folder
             return None if entries is None else [(n, self._wrap(info.locator.source, i)) for n, i in entries]
