@@ -27,7 +27,8 @@ def tar_header_checksum_ok(block: bytes) -> bool:
         stored = int(field.replace(b"\0", b" ").strip() or b"-1", 8)
     except ValueError:
         return False
-    unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:512])
+    block = block[:512]
+    unsigned = sum(block) - sum(field) + 8 * 32
     if stored == unsigned:
         return True
     signed = sum((b - 256 if b > 127 else b) for b in block[:148] + block[156:512]) + 8 * 32
