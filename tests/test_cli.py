@@ -341,3 +341,38 @@ def test_statfs_and_fuse_options(mounter: Mounter, archive: Path) -> None:
     with open("/proc/self/mountinfo") as f:
         line = next(line for line in f if f" {mnt} " in line)
     assert "allow_other" in line
+
+
+@requires_fuse
+def test_progress_bar_on_a_terminal(tmp_path: Path, private_home: Path) -> None:
+    import pty
+
+    archive = make_tar(tmp_path / "many.tar", {f"d{i % 10}/f{i}": b"x" for i in range(3000)})
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.run([*RATARMOUNT, str(archive), str(mnt)], stderr=slave, stdout=subprocess.PIPE, timeout=120)
+        os.close(slave)
+        output = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            output += chunk
+    finally:
+        os.close(master)
+        lazy_unmount(mnt)
+    assert proc.returncode == 0
+    text = output.decode(errors="replace")
+    assert "Indexing" in text and "%" in text and "members" in text, text
+
+
+def test_no_progress_bar_when_not_a_terminal(tmp_path: Path) -> None:
+    archive = make_tar(tmp_path / "many.tar", {f"f{i}": b"x" for i in range(2000)})
+    code = f"import ratarmountcore; ratarmountcore.open({str(archive)!r}).close()"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stderr == ""
