@@ -65,10 +65,18 @@ class ReaderStream(io.RawIOBase):
         elif whence == io.SEEK_CUR:
             self._pos += offset
         else:
-            if self._size is None:
-                raise io.UnsupportedOperation("size unknown")
-            self._pos = self._size + offset
+            self._pos = self._total_size() + offset
         return self._pos
+
+    def _total_size(self) -> int:
+        """The size given, else the reader's ``size`` (a compressed reader may have to decompress
+        to the end to know it, so it is only asked when needed)."""
+        if self._size is None:
+            size = getattr(self._reader, "size", None)
+            if size is None:
+                raise io.UnsupportedOperation("size unknown")
+            self._size = int(size() if callable(size) else size)
+        return self._size
 
     def tell(self) -> int:
         return self._pos

@@ -136,10 +136,10 @@ class ArchiveSource(MountSource):
         self._reader.close()
 
 
-def open_archive(path: str, options: Optional[OpenOptions] = None) -> ArchiveSource:
+def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSource:
     """Open (and on first use, index) the archive at ``path``."""
     from ..compression.registry import open_compressed
-    from ..formats import COMPRESSIONS, sniff_bytes
+    from ..formats import COMPRESSIONS, FormatId, sniff_bytes
 
     options = options or OpenOptions()
     try:
@@ -152,6 +152,7 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> ArchiveSou
         raise RatarmountError(f"{path}: permission denied") from None
     except OSError as exc:
         raise RatarmountError(f"{path}: cannot open ({exc.strerror})") from None
+    reader: RandomAccessReader = plain
     try:
         file_mode = os.fstat(plain.fd).st_mode
         if stat.S_ISDIR(file_mode):
@@ -163,30 +164,42 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> ArchiveSou
         if stats.size == 0:
             raise ArchiveError(f"{path}: file is empty")
         fmt = sniff_bytes(plain.pread(0, 512))
-        reader: RandomAccessReader = plain
         build_options = {"format": fmt.value, "recursive": str(int(options.recursive))}
         if fmt in COMPRESSIONS:
-            reader = open_compressed(path, plain, fmt, options.compression)
-            build_options.update(reader.index_options())  # type: ignore[attr-defined]
+            compressed = open_compressed(path, plain, fmt, options.compression)
+            reader = compressed
+            build_options.update(compressed.index_options())
+            if sniff_bytes(compressed.head(512)) is not FormatId.TAR:  # e.g. data.csv.gz
+                from .single_file import open_single_file
+
+                build_options["layout"] = "single_file"
+                return open_single_file(path, compressed, stats, owner, options, build_options, file_mode)
+            build_options["layout"] = "tar"
 
         def build(writer: IndexWriter) -> None:
             total = stats.size if reader is plain else None
             index_tar(reader, total, writer, path, options.index.progress, options.recursive)
             if reader is not plain:
-                reader.export_seek_points(writer)  # type: ignore[attr-defined]
+                compressed.export_seek_points(writer)
 
         index = open_or_build(path, stats, options.index, build_options, build, owner)
         if reader is not plain:
-            reader.import_seek_points(index)  # type: ignore[attr-defined]
+            try:
+                compressed.import_seek_points(index)
+            except BaseException:
+                index.close()
+                raise
         return ArchiveSource(path, reader, index, owner)
     except ArchiveError as exc:
+        reader.close()  # a compressed reader closes its worker threads (and the plain file)
         plain.close()
         message = str(exc)
         raise type(exc)(message if message.startswith(path) else f"{path}: {message}") from None
     except BaseException:
+        reader.close()
         plain.close()
         raise
 
 
-def open_archives(paths: List[str], options: Optional[OpenOptions] = None) -> List[ArchiveSource]:
+def open_archives(paths: List[str], options: Optional[OpenOptions] = None) -> List[MountSource]:
     return [open_archive(p, options) for p in paths]

@@ -1,0 +1,278 @@
+"""The interface every decompression backend implements, plus the small helpers they share.
+
+A ``CompressedReader`` turns a compressed file into a ``RandomAccessReader`` of its decompressed
+bytes: ``pread(offset, size)`` may be called from many threads at once. Seek points (whatever a
+backend needs to restart decompression in the middle: gzip windows, bzip2 block offsets, zstd
+frames, xz blocks) are written into the SQLite index after the first full pass and loaded again
+on every later mount, so that reading the last member never decompresses from the start.
+
+Seek points are stored as rows of ``seek_points(backend, part, data)``: part 0 is a small JSON
+header (decompressed size, format version, backend extras), parts 1.. are the backend's payload
+cut into pieces of at most ``PART_SIZE`` bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Type
+
+from ..errors import CorruptDataError, RatarmountError
+from ..formats import FormatId
+from ..options import CompressionOptions
+
+logger = logging.getLogger(__name__)
+
+#: Bump when the layout of any backend's stored seek points changes (forces an index rebuild).
+SEEK_POINTS_VERSION = "1"
+#: Largest blob stored in one ``seek_points`` row.
+PART_SIZE = 8 * 1024 * 1024
+
+
+class SeekPointWriter(Protocol):
+    """What a reader needs from ``index.sqlite_index.IndexWriter``."""
+
+    def put_seek_points(self, backend: str, parts: Any) -> None: ...
+
+
+class SeekPointSource(Protocol):
+    """What a reader needs from ``index.sqlite_index.IndexReader``."""
+
+    def seek_point_parts(self, backend: str) -> List[bytes]: ...
+
+
+class PlainFile(Protocol):
+    """The compressed file as opened by ``io.readers.PlainFileReader``."""
+
+    fd: int
+    size: int
+
+    def pread(self, offset: int, size: int) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class ReaderStats:
+    """Counters for diagnostics and tests (approximate under heavy concurrency is fine)."""
+
+    compressed_bytes_read: int = 0
+    compressed_reads: int = 0
+    decoders_created: int = 0
+    frames_decoded: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add_read(self, nbytes: int) -> None:
+        with self._lock:
+            self.compressed_bytes_read += nbytes
+            self.compressed_reads += 1
+
+    def reset(self) -> None:
+        with self._lock:
+            self.compressed_bytes_read = self.compressed_reads = 0
+            self.decoders_created = self.frames_decoded = 0
+
+
+class FdFile(io.RawIOBase):
+    """A read-only file object over a shared descriptor: ``os.pread`` at its own position.
+
+    Every decoder instance gets its own ``FdFile``, so positions never interfere, and all reads
+    are counted in ``stats``. It deliberately has no ``fileno()``: libraries then read through
+    it instead of duplicating the descriptor behind our back.
+    """
+
+    def __init__(self, fd: int, size: int, stats: ReaderStats, start: int = 0, end: Optional[int] = None) -> None:
+        super().__init__()
+        self._fd = fd
+        self._start = start
+        self._end = size if end is None else end
+        self._pos = start
+        self._stats = stats
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        want = min(len(buffer), max(0, self._end - self._pos))
+        if want <= 0:
+            return 0
+        data = os.pread(self._fd, want, self._pos)
+        n = len(data)
+        buffer[:n] = data
+        self._pos += n
+        self._stats.add_read(n)
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            new = self._start + offset
+        elif whence == io.SEEK_CUR:
+            new = self._pos + offset
+        elif whence == io.SEEK_END:
+            new = self._end + offset
+        else:
+            raise ValueError(f"invalid whence {whence}")
+        if new < self._start:
+            raise OSError(22, "negative seek position")
+        self._pos = new
+        return new - self._start
+
+    def tell(self) -> int:
+        return self._pos - self._start
+
+
+def pack_seek_points(header: Dict[str, Any], payload: bytes = b"") -> List[bytes]:
+    """Header (as JSON) in part 0, then the payload in pieces."""
+    head = json.dumps({"version": SEEK_POINTS_VERSION, **header}, sort_keys=True).encode()
+    return [head] + [payload[i : i + PART_SIZE] for i in range(0, len(payload), PART_SIZE)]
+
+
+def unpack_seek_points(parts: Sequence[bytes]) -> Optional[Tuple[Dict[str, Any], bytes]]:
+    """Inverse of ``pack_seek_points``; None when there is nothing (usable) stored."""
+    if not parts:
+        return None
+    try:
+        header = json.loads(bytes(parts[0]).decode())
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(header, dict) or header.get("version") != SEEK_POINTS_VERSION:
+        return None
+    return header, b"".join(bytes(p) for p in parts[1:])
+
+
+def read_fully(fileobj: Any, size: int) -> bytes:
+    """Read ``size`` bytes (fewer only at EOF) from a file object whose reads may come up short."""
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    done = 0
+    while done < size:
+        n = fileobj.readinto(view[done:])
+        if not n:
+            break
+        done += n
+    view.release()
+    if done < size:
+        del buffer[done:]
+    return bytes(buffer)
+
+
+#: Exceptions backends raise for bad data (in addition to those listed per backend).
+_DATA_ERRORS: Tuple[Type[BaseException], ...] = (ValueError, RuntimeError, EOFError, OSError)
+
+
+@contextlib.contextmanager
+def data_errors(path: str, what: str, extra: Tuple[Type[BaseException], ...] = ()) -> Iterator[None]:
+    """Turn a library's exception about bad input into ``CorruptDataError`` naming the file."""
+    try:
+        yield
+    except RatarmountError:
+        raise
+    except (*_DATA_ERRORS, *extra) as exc:
+        text = str(exc) or type(exc).__name__
+        if text == "std::exception":
+            text = "corrupt or truncated data"
+        raise CorruptDataError(f"{path}: corrupt {what} data ({text})") from exc
+
+
+class CompressedReader(ABC):
+    """Random access to the decompressed bytes of one compressed file.
+
+    Life cycle, as driven by ``sources.archive.open_archive``:
+
+    1. ``head(512)`` sniffs the content (tar or a single file) cheaply.
+    2. First mount only: the content is scanned through ``pread`` (sequentially), then
+       ``export_seek_points(writer)`` stores what is needed for random access.
+    3. Every mount: ``import_seek_points(index)`` loads them (a no-op if this reader built them).
+    4. ``pread`` from many threads; ``close``.
+
+    The reader owns the plain file it was given and closes it.
+    """
+
+    #: Name of the backend; rows in ``seek_points`` are stored under it.
+    backend_name: ClassVar[str] = ""
+    #: Human name of the compression (for messages).
+    format_name: ClassVar[str] = ""
+    format_id: ClassVar[FormatId] = FormatId.UNKNOWN
+
+    def __init__(self, path: str, plain: PlainFile, options: CompressionOptions) -> None:
+        self.path = path
+        self.options = options
+        self.stats = ReaderStats()
+        self._plain = plain
+        self.compressed_size = plain.size
+
+    # --- reading ------------------------------------------------------------------------------
+    @abstractmethod
+    def pread(self, offset: int, size: int) -> bytes:
+        """Up to ``size`` decompressed bytes at ``offset`` (fewer only at the end). Thread-safe."""
+
+    @property
+    @abstractmethod
+    def size(self) -> int:
+        """Decompressed size. Without imported seek points this may decompress the whole file."""
+
+    def head(self, size: int) -> bytes:
+        """The first ``size`` decompressed bytes, without building any seek points if possible."""
+        return self.pread(0, size)
+
+    # --- seek points ----------------------------------------------------------------------------
+    @classmethod
+    def index_options_for(cls, options: CompressionOptions) -> Dict[str, str]:
+        """Build options recorded in the index; an index built with other values is rebuilt."""
+        return {"compression_backend": cls.backend_name, "seek_points_version": SEEK_POINTS_VERSION}
+
+    def index_options(self) -> Dict[str, str]:
+        return self.index_options_for(self.options)
+
+    @abstractmethod
+    def export_seek_points(self, writer: SeekPointWriter) -> None:
+        """Finish the first pass (verifying the whole stream where the format allows it) and store
+        the seek points with ``writer.put_seek_points(self.backend_name, parts)``."""
+
+    @abstractmethod
+    def import_seek_points(self, index: SeekPointSource) -> None:
+        """Load the seek points stored by ``export_seek_points`` (maybe in an earlier process)."""
+
+    def _stored_seek_points(self, index: SeekPointSource) -> Optional[Tuple[Dict[str, Any], bytes]]:
+        found = unpack_seek_points(index.seek_point_parts(self.backend_name))
+        if found is None:
+            logger.warning(
+                "%s: the index holds no usable %s seek points; random access will decompress from the start",
+                self.path,
+                self.backend_name,
+            )
+        return found
+
+    # --- plumbing -----------------------------------------------------------------------------
+    def open_raw(self, start: int = 0, end: Optional[int] = None) -> FdFile:
+        """A fresh, independently positioned file object over (a range of) the compressed file."""
+        return FdFile(self._plain.fd, self._plain.size, self.stats, start, end)
+
+    def raw_pread(self, offset: int, size: int) -> bytes:
+        data = self._plain.pread(offset, size)
+        self.stats.add_read(len(data))
+        return data
+
+    def data_errors(self, extra: Tuple[Type[BaseException], ...] = ()) -> "contextlib.AbstractContextManager[None]":
+        return data_errors(self.path, self.format_name, extra)
+
+    def close(self) -> None:
+        self._plain.close()
+
+    def __enter__(self) -> "CompressedReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.path!r}>"

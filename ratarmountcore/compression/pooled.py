@@ -1,0 +1,162 @@
+"""Shared logic of backends whose library decoder is a seekable file object (rapidgzip for gzip
+and bzip2, indexed_gzip).
+
+Thread safety: a bounded ``InstancePool`` of decoders (see ``pool.py``). Each decoder reads the
+compressed file through its own ``FdFile`` over the one shared descriptor. Decoders created after
+``import_seek_points`` load the stored seek points first, so none of them ever decompresses from
+the start to reach a late offset. Memory is bounded by ``max_instances`` decoders.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import abstractmethod
+from typing import Any, Callable, ClassVar, Optional
+
+from ..options import CompressionOptions
+from .base import (
+    CompressedReader,
+    FdFile,
+    PlainFile,
+    SeekPointSource,
+    SeekPointWriter,
+    pack_seek_points,
+    read_fully,
+    unpack_seek_points,
+)
+from .pool import InstancePool, Slot
+
+logger = logging.getLogger(__name__)
+
+
+class PooledReader(CompressedReader):
+    #: Upper bound of decoders alive at once (each may run its own worker threads).
+    max_instances: ClassVar[int] = 4
+    #: Finish (fully decompress and verify) the first decoder as soon as it is created, before any
+    #: read (for libraries that only verify checksums while building their complete index).
+    finish_on_create: ClassVar[bool] = False
+
+    def __init__(self, path: str, plain: PlainFile, options: CompressionOptions) -> None:
+        super().__init__(path, plain, options)
+        self._size: Optional[int] = None
+        #: True once the end of the stream is known to be intact (or trusted from the index).
+        self._end_checked = False
+        self._payload_loader: Optional[Callable[[], bytes]] = None
+        self._finish_lock = threading.Lock()
+        count = min(self.max_instances, max(1, options.threads()))
+        self._pool: InstancePool[Any] = InstancePool(self._new_slot, self._close_decoder, count)
+
+    # --- backend hooks ------------------------------------------------------------------------
+    @abstractmethod
+    def _open_decoder(self, raw: FdFile) -> Any:
+        """A new library decoder reading ``raw``."""
+
+    @abstractmethod
+    def _load_seek_points(self, decoder: Any, payload: bytes) -> None:
+        """Give ``decoder`` the seek points exported by ``_export``."""
+
+    @abstractmethod
+    def _finish(self, decoder: Any) -> int:
+        """Decompress to the end (verifying what the format allows), so that the decoder's seek
+        points are complete; check that the stream is not truncated; return the size."""
+
+    @abstractmethod
+    def _export(self, decoder: Any) -> bytes:
+        """The complete seek points of a finished decoder."""
+
+    def _close_decoder(self, decoder: Any) -> None:
+        decoder.close()
+
+    # --- pool ---------------------------------------------------------------------------------
+    def _new_slot(self) -> Slot[Any]:
+        with self.data_errors():
+            decoder = self._open_decoder(self.open_raw())
+        self.stats.decoders_created += 1
+        slot: Slot[Any] = Slot(decoder)
+        try:
+            loader = self._payload_loader
+            if loader is not None:
+                with self.data_errors():
+                    self._load_seek_points(decoder, loader())
+                slot.complete = True
+            elif self.finish_on_create and self._size is None:
+                self._ensure_finished(slot)
+        except BaseException:
+            self._close_decoder(decoder)
+            raise
+        return slot
+
+    def _ensure_finished(self, slot: Slot[Any]) -> int:
+        with self._finish_lock:
+            if not slot.complete or self._size is None:
+                with self.data_errors():
+                    size = self._finish(slot.instance)
+                slot.complete = True
+                slot.position = -1  # unknown: seek before the next read
+                if self._size is not None and self._size != size:
+                    logger.warning("%s: decompressed size changed from %d to %d", self.path, self._size, size)
+                self._size = size
+                self._end_checked = True
+            return self._size
+
+    # --- CompressedReader ---------------------------------------------------------------------
+    def pread(self, offset: int, size: int) -> bytes:
+        if size <= 0 or offset < 0:
+            return b""
+        known = self._size
+        if known is not None:
+            if offset >= known:
+                return b""
+            size = min(size, known - offset)
+        with self._pool.acquire(offset) as slot:
+            decoder = slot.instance
+            with self.data_errors():
+                if slot.position != offset:
+                    decoder.seek(offset)
+                data = read_fully(decoder, size)
+            slot.position = offset + len(data)
+            if len(data) < size and not self._end_checked:
+                self._ensure_finished(slot)  # at EOF: cheap, and detects a truncated stream
+        return data
+
+    @property
+    def size(self) -> int:
+        if self._size is not None:
+            return self._size
+        with self._pool.acquire(None) as slot:
+            return self._ensure_finished(slot)
+
+    def export_seek_points(self, writer: SeekPointWriter) -> None:
+        with self._pool.acquire(None) as slot:
+            size = self._ensure_finished(slot)
+            with self.data_errors():
+                payload = self._export(slot.instance)
+        header = {"size": size, "compressed_size": self.compressed_size}
+        writer.put_seek_points(self.backend_name, pack_seek_points(header, payload))
+        logger.debug("%s: stored %d bytes of %s seek points", self.path, len(payload), self.backend_name)
+
+    def import_seek_points(self, index: SeekPointSource) -> None:
+        found = self._stored_seek_points(index)
+        if found is None:
+            return
+        header, _payload = found
+        self._size = int(header["size"])
+        self._end_checked = True
+        name = self.backend_name
+
+        def load() -> bytes:
+            again = unpack_seek_points(index.seek_point_parts(name))
+            if again is None:
+                raise ValueError("seek points disappeared from the index")
+            return again[1]
+
+        self._payload_loader = load
+        # Decoders made before the import (if any) lack the seek points: drop them.
+        self._pool.retire_idle(lambda s: not s.complete)
+
+    def close(self) -> None:
+        try:
+            self._pool.close()
+        finally:
+            super().close()

@@ -1,0 +1,147 @@
+"""xz: one seek point per block, found with python-xz's parsers of the stream footer and index.
+
+Reading the index of every stream costs a few small reads at the end of the file; the resulting
+block table is stored in the SQLite index like zstd's frame table. A block is decoded on its own
+by wrapping it in a synthetic one-block stream (python-xz's ``create_xz_header`` and
+``create_xz_index_footer``) for the standard ``lzma`` module, which then also verifies the block's
+check (CRC32/CRC64/SHA-256) and sizes. Files made by single-threaded ``xz`` are one block: they
+work, but seeking decompresses from the start (one warning); ``xz -T0`` makes multi-block files.
+"""
+
+from __future__ import annotations
+
+import lzma
+from typing import Any, ClassVar, List, Tuple
+
+from ..errors import CorruptDataError, TruncatedArchiveError
+from ..formats import FormatId
+from .framed import FramedReader, FrameStream, FrameTable
+
+
+def _xz_errors() -> Tuple[type, ...]:
+    from xz.common import XZError
+
+    return (lzma.LZMAError, XZError)
+
+
+def _round_up4(value: int) -> int:
+    return (value + 3) & ~3
+
+
+class _LzmaBlockStream(FrameStream):
+    """Streams one block through ``lzma`` with bounded output per call."""
+
+    def __init__(self, header: bytes, raw: Any, footer: bytes) -> None:
+        self._inputs: List[bytes] = [header]
+        self._raw = raw
+        self._footer = footer
+        self._decompressor = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+
+    def _next_input(self) -> bytes:
+        if self._inputs:
+            return self._inputs.pop(0)
+        if self._raw is not None:
+            data = self._raw.read(1 << 20)
+            if data:
+                return data  # type: ignore[no-any-return]
+            self._raw = None
+            return self._footer
+        return b""
+
+    def read(self, size: int) -> bytes:
+        out = bytearray()
+        decompressor = self._decompressor
+        while len(out) < size and not decompressor.eof:
+            data = self._next_input() if decompressor.needs_input else b""
+            if decompressor.needs_input and not data:
+                raise lzma.LZMAError("xz block ends unexpectedly")
+            out += decompressor.decompress(data, size - len(out))
+        return bytes(out)
+
+
+class XzReader(FramedReader):
+    backend_name: ClassVar[str] = "python_xz"
+    format_name: ClassVar[str] = "xz"
+    format_id: ClassVar[FormatId] = FormatId.XZ
+    multi_frame_hint: ClassVar[str] = (
+        "Recompress with `xz -T0` (or `xz --block-size=4MiB`) for independent blocks, or convert it once "
+        "with `ratarmount-convert ARCHIVE OUT.tar.zst`."
+    )
+
+    def data_errors(self, extra: Tuple[type, ...] = ()) -> Any:
+        return super().data_errors((*extra, *_xz_errors()))
+
+    def _build_table(self) -> FrameTable:
+        from xz.common import parse_xz_footer, parse_xz_header, parse_xz_index
+
+        streams: List[List[Tuple[int, int, int, int]]] = []  # (offset, unpadded, uncompressed, check)
+        end = self.compressed_size
+        while end > 0:
+            while end >= 4 and self.raw_pread(end - 4, 4) == b"\0\0\0\0":
+                end -= 4  # stream padding
+            if end == 0:
+                break
+            if end < 24:
+                raise TruncatedArchiveError(f"{self.path}: xz data is truncated or corrupt (no stream footer)")
+            footer = self.raw_pread(end - 12, 12)
+            if footer[10:12] != b"YZ":
+                raise TruncatedArchiveError(f"{self.path}: xz data is truncated or corrupt (no stream footer at the end)")
+            check, backward_size = parse_xz_footer(footer)
+            index_start = end - 12 - backward_size
+            records = parse_xz_index(self.raw_pread(index_start, backward_size))
+            blocks_start = index_start - sum(_round_up4(unpadded) for unpadded, _ in records)
+            stream_start = blocks_start - 12
+            if stream_start < 0 or parse_xz_header(self.raw_pread(stream_start, 12)) != check:
+                raise CorruptDataError(f"{self.path}: corrupt xz stream ending at byte {end}")
+            blocks = []
+            offset = blocks_start
+            for unpadded, uncompressed in records:
+                blocks.append((offset, unpadded, uncompressed, check))
+                offset += _round_up4(unpadded)
+            streams.append(blocks)
+            end = stream_start
+        table = FrameTable()
+        for blocks in reversed(streams):
+            for offset, unpadded, uncompressed, check in blocks:
+                table.append(offset, unpadded, uncompressed, check)
+        return table
+
+    def _wrap(self, frame: int, table: FrameTable) -> Tuple[bytes, bytes]:
+        from xz.common import create_xz_header, create_xz_index_footer
+
+        check = table.aux[frame]
+        footer = create_xz_index_footer(check, [(table.comp_sizes[frame], table.decomp_sizes[frame])])
+        return create_xz_header(check), footer
+
+    def _decode_frame(self, frame: int, table: FrameTable) -> bytes:
+        header, footer = self._wrap(frame, table)
+        padded = _round_up4(table.comp_sizes[frame])
+        block = self.raw_pread(table.comp_offsets[frame], padded)
+        if len(block) != padded:
+            raise TruncatedArchiveError(f"{self.path}: xz data is truncated (block {frame})")
+        decompressor = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+        data = decompressor.decompress(header + block + footer)
+        if not decompressor.eof:
+            raise CorruptDataError(f"{self.path}: corrupt xz data (block {frame} is incomplete)")
+        return data
+
+    def _open_stream(self, frame: int, table: FrameTable) -> FrameStream:
+        header, footer = self._wrap(frame, table)
+        offset = table.comp_offsets[frame]
+        raw = self.open_raw(offset, offset + _round_up4(table.comp_sizes[frame]))
+        return _LzmaBlockStream(header, raw, footer)
+
+    def head(self, size: int) -> bytes:
+        out = bytearray()
+        offset = 0
+        decompressor = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+        with self.data_errors():
+            while len(out) < size and not decompressor.eof:
+                data = b""
+                if decompressor.needs_input:
+                    data = self.raw_pread(offset, 64 * 1024)
+                    if not data:
+                        break
+                    offset += len(data)
+                out += decompressor.decompress(data, size - len(out))
+        return bytes(out[:size])

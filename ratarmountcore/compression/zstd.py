@@ -1,0 +1,179 @@
+"""zstd with python-zstandard: one seek point per frame.
+
+The frame table is found by walking frame and block headers (a few bytes per 128 KiB block, no
+decompression) -- except for frames whose header lacks the content size, which are decompressed
+once to measure them. Skippable frames (e.g. the seek table of the "seekable zstd" format) are
+skipped. Multi-frame files (``ratarmount-convert``, ``pzstd``) give fast random access; a file
+that is one huge frame (plain ``zstd``) still works, but reaching a late offset decompresses the
+frame from its start, and one warning says so.
+
+Integrity: frames written with a checksum (``zstd`` does by default) are verified on decode;
+cacheable frames are verified before any of their bytes is returned.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, ClassVar, Optional, Tuple
+
+from ..errors import CorruptDataError, TruncatedArchiveError
+from ..formats import FormatId
+from .framed import FramedReader, FrameStream, FrameTable
+
+ZSTD_MAGIC = 0xFD2FB528
+SKIPPABLE_MASK = 0xFFFFFFF0
+SKIPPABLE_MAGIC = 0x184D2A50
+_DICT_ID_BYTES = (0, 1, 2, 4)
+_FCS_BYTES = (0, 2, 4, 8)
+
+
+def _zstd_error() -> Tuple[type, ...]:
+    import zstandard
+
+    return (zstandard.ZstdError,)
+
+
+def parse_frame_header(head: bytes) -> Tuple[int, Optional[int], bool]:
+    """(header size, content size or None, has checksum) of the zstd frame starting ``head``."""
+    if len(head) < 6:
+        raise ValueError("frame header is cut off")
+    descriptor = head[4]
+    fcs_flag = descriptor >> 6
+    single_segment = bool(descriptor & 0x20)
+    if descriptor & 0x08:
+        raise ValueError("reserved bit set in frame header")
+    has_checksum = bool(descriptor & 0x04)
+    position = 5 + (0 if single_segment else 1) + _DICT_ID_BYTES[descriptor & 0x03]
+    fcs_bytes = _FCS_BYTES[fcs_flag] if (fcs_flag or not single_segment) else 1
+    if len(head) < position + fcs_bytes:
+        raise ValueError("frame header is cut off")
+    content_size: Optional[int] = None
+    if fcs_bytes:
+        content_size = int.from_bytes(head[position : position + fcs_bytes], "little")
+        if fcs_bytes == 2:
+            content_size += 256
+    return position + fcs_bytes, content_size, has_checksum
+
+
+class _ZstdFrameStream(FrameStream):
+    def __init__(self, raw: Any) -> None:
+        import zstandard
+
+        self._reader = zstandard.ZstdDecompressor().stream_reader(
+            raw, read_size=1 << 20, read_across_frames=False, closefd=False
+        )
+
+    def read(self, size: int) -> bytes:
+        return self._reader.read(size)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+class ZstdReader(FramedReader):
+    backend_name: ClassVar[str] = "zstandard"
+    format_name: ClassVar[str] = "zstd"
+    format_id: ClassVar[FormatId] = FormatId.ZSTD
+    multi_frame_hint: ClassVar[str] = (
+        "For fast random access convert it once with `ratarmount-convert ARCHIVE OUT.tar.zst` "
+        "(independent 4 MiB frames, index included) or compress with `pzstd`."
+    )
+
+    _local = threading.local()
+
+    def data_errors(self, extra: Tuple[type, ...] = ()) -> Any:
+        return super().data_errors((*extra, *_zstd_error()))
+
+    # --- frame table --------------------------------------------------------------------------
+    def _build_table(self) -> FrameTable:
+        table = FrameTable()
+        position = 0
+        end_of_file = self.compressed_size
+        while position < end_of_file:
+            head = self.raw_pread(position, 18)
+            if len(head) < 8:
+                if not head.strip(b"\0"):
+                    break  # zero padding at the end
+                raise TruncatedArchiveError(f"{self.path}: zstd data is truncated at byte {position}")
+            magic = int.from_bytes(head[:4], "little")
+            if magic & SKIPPABLE_MASK == SKIPPABLE_MAGIC:
+                position += 8 + int.from_bytes(head[4:8], "little")
+                continue
+            if magic != ZSTD_MAGIC:
+                raise CorruptDataError(f"{self.path}: corrupt zstd data (no frame starts at byte {position})")
+            try:
+                header_size, content_size, has_checksum = parse_frame_header(head)
+            except ValueError as exc:
+                raise CorruptDataError(f"{self.path}: corrupt zstd frame header at byte {position} ({exc})") from None
+            frame_end = self._walk_blocks(position + header_size) + (4 if has_checksum else 0)
+            if frame_end > end_of_file:
+                raise TruncatedArchiveError(
+                    f"{self.path}: zstd data is truncated (the frame at byte {position} ends after the file)"
+                )
+            if content_size is None:
+                content_size = self._measure_frame(position, frame_end - position)
+            table.append(position, frame_end - position, content_size)
+            position = frame_end
+        return table
+
+    def _walk_blocks(self, position: int) -> int:
+        """Offset after the last block of the frame whose first block header is at ``position``."""
+        while True:
+            header = self.raw_pread(position, 3)
+            if len(header) < 3:
+                raise TruncatedArchiveError(f"{self.path}: zstd data is truncated (inside a block at byte {position})")
+            value = int.from_bytes(header, "little")
+            last, block_type, block_size = value & 1, (value >> 1) & 3, value >> 3
+            if block_type == 3:
+                raise CorruptDataError(f"{self.path}: corrupt zstd block header at byte {position}")
+            position += 3 + (1 if block_type == 1 else block_size)
+            if last:
+                return position
+
+    def _measure_frame(self, offset: int, length: int) -> int:
+        """Decompress a frame without a content size once (verifying it) to learn its size."""
+        stream = _ZstdFrameStream(self.open_raw(offset, offset + length))
+        total = 0
+        with self.data_errors():
+            while True:
+                data = stream.read(4 << 20)
+                if not data:
+                    break
+                total += len(data)
+        stream.close()
+        return total
+
+    # --- decoding -----------------------------------------------------------------------------
+    def _decompressor(self) -> Any:
+        decompressor = getattr(self._local, "decompressor", None)
+        if decompressor is None:
+            import zstandard
+
+            decompressor = self._local.decompressor = zstandard.ZstdDecompressor()
+        return decompressor
+
+    def _decode_frame(self, frame: int, table: FrameTable) -> bytes:
+        data = self.raw_pread(table.comp_offsets[frame], table.comp_sizes[frame])
+        if len(data) != table.comp_sizes[frame]:
+            raise TruncatedArchiveError(f"{self.path}: zstd data is truncated (frame {frame})")
+        return self._decompressor().decompress(data, max_output_size=table.decomp_sizes[frame])  # type: ignore[no-any-return]
+
+    def _open_stream(self, frame: int, table: FrameTable) -> FrameStream:
+        offset = table.comp_offsets[frame]
+        return _ZstdFrameStream(self.open_raw(offset, offset + table.comp_sizes[frame]))
+
+    def head(self, size: int) -> bytes:
+        import zstandard
+
+        reader = zstandard.ZstdDecompressor().stream_reader(self.open_raw(), read_across_frames=True, closefd=False)
+        pieces = []
+        remaining = size
+        with self.data_errors():
+            while remaining > 0:
+                data = reader.read(remaining)
+                if not data:
+                    break
+                pieces.append(data)
+                remaining -= len(data)
+        reader.close()
+        return b"".join(pieces)
