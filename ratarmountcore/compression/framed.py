@@ -169,8 +169,13 @@ class FramedReader(CompressedReader):
     def export_seek_points(self, writer: SeekPointWriter) -> None:
         table = self.frames
         self._verify_large_frames(table)
-        header = {"size": table.size, "compressed_size": self.compressed_size, "frames": len(table)}
-        writer.put_seek_points(self.backend_name, pack_seek_points(header, table.pack()))
+        writer.put_seek_points(self.backend_name, self.seek_point_blobs(table, self.compressed_size))
+
+    @classmethod
+    def seek_point_blobs(cls, table: FrameTable, compressed_size: int) -> List[bytes]:
+        """What ``export_seek_points`` stores (also used by the converter, which knows the table)."""
+        header = {"size": table.size, "compressed_size": compressed_size, "frames": len(table)}
+        return pack_seek_points(header, table.pack())
 
     def import_seek_points(self, index: SeekPointSource) -> None:
         if self._frames is not None:

@@ -1,0 +1,95 @@
+"""``ratarmount-convert SOURCE OUTPUT.tar.zst``: rewrite an archive as seekable multi-frame zstd,
+with its index written in the same pass (the first mount of the output is instant)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import List, Optional
+
+from ratarmountcore import __version__
+from ratarmountcore.errors import RatarmountError
+from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
+
+logger = logging.getLogger("ratarmount.convert")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ratarmount-convert",
+        description="Convert a tar archive (plain, .gz, .bz2, .zst, .xz) -- or a single compressed file -- "
+        "into a multi-frame .tar.zst that ratarmount can seek in quickly, and write its index in the same pass.",
+    )
+    parser.add_argument("source", help="archive to read")
+    parser.add_argument("output", help="file to write (usually ending in .tar.zst)")
+    parser.add_argument(
+        "--frame-size", type=float, default=4.0, metavar="MiB",
+        help="uncompressed bytes per independent zstd frame, in MiB (default 4); smaller seeks faster, "
+        "larger compresses better",
+    )
+    parser.add_argument("-l", "--level", type=int, default=3, help="zstd compression level (default 3)")
+    parser.add_argument("-f", "--force", action="store_true", help="replace OUTPUT if it exists")
+    parser.add_argument(
+        "-P", "--parallelization", type=int, default=0, metavar="N",
+        help="threads for decompression and compression (default 0: all cores)",
+    )
+    parser.add_argument("-r", "--recursive", action="store_true", help="index tars inside the tar as folders (as -r when mounting)")
+    parser.add_argument("--index-file", help="write the output's index to this path")
+    parser.add_argument(
+        "--index-folders",
+        help="comma-separated folders to write the index in; an empty entry means 'beside the output'",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("-d", "--debug", action="store_true", help="log debug messages and show tracebacks")
+    parser.add_argument("--version", action="version", version=f"ratarmount-convert {__version__}")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.WARNING, format="ratarmount-convert: %(message)s"
+    )
+    if args.frame_size <= 0:
+        parser.error("--frame-size must be positive")
+    folders = IndexOptions().index_folders
+    if args.index_folders is not None:
+        folders = tuple(f.strip() for f in args.index_folders.split(","))
+    options = OpenOptions(
+        index=IndexOptions(index_file=args.index_file, index_folders=folders, progress=not args.no_progress),
+        compression=CompressionOptions(parallelization=args.parallelization),
+        recursive=args.recursive,
+    )
+    from ratarmountcore.convert import convert_to_seekable_zstd
+
+    try:
+        result = convert_to_seekable_zstd(
+            args.source,
+            args.output,
+            frame_size=max(1, int(args.frame_size * 1024 * 1024)),
+            level=args.level,
+            options=options,
+            overwrite=args.force,
+        )
+    except KeyboardInterrupt:
+        print("ratarmount-convert: interrupted", file=sys.stderr)
+        return 130
+    except (RatarmountError, OSError, ValueError) as exc:
+        if args.debug:
+            logger.exception("conversion failed")
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"ratarmount-convert: error: {message}", file=sys.stderr)
+        return 1
+    if sys.stderr.isatty() and not args.no_progress:
+        print(
+            f"ratarmount-convert: wrote {result.path} ({result.frames} frames, "
+            f"{result.decompressed_size:,} -> {result.compressed_size:,} bytes)",
+            file=sys.stderr,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
