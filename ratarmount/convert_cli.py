@@ -34,7 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
         "-P", "--parallelization", type=int, default=0, metavar="N",
         help="threads for decompression and compression (default 0: all cores)",
     )
-    parser.add_argument("-r", "--recursive", action="store_true", help="index tars inside the tar as folders (as -r when mounting)")
+    parser.add_argument(
+        "-r", "--recursive", action="store_true", help="index tars inside the tar as folders (as -r when mounting)"
+    )
     parser.add_argument("--index-file", help="write the output's index to this path")
     parser.add_argument(
         "--index-folders",

@@ -177,9 +177,11 @@ def data_errors(path: str, what: str, extra: Tuple[Type[BaseException], ...] = (
     except RatarmountError:
         raise
     except (*_DATA_ERRORS, *extra) as exc:
-        text = str(exc) or type(exc).__name__
+        text = (str(exc) or type(exc).__name__).strip().splitlines()[0]
         if text == "std::exception":
             text = "corrupt or truncated data"
+        elif len(text) > 160:  # some libraries put their whole decoder state into the message
+            text = text[:157] + "..."
         raise CorruptDataError(f"{path}: corrupt {what} data ({text})") from exc
 
 

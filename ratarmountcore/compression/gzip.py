@@ -112,6 +112,11 @@ class IndexedGzipReader(_GzipReader):
     def _load_seek_points(self, decoder: Any, payload: bytes) -> None:
         decoder.import_index(fileobj=io.BytesIO(payload))
 
+    def _export(self, decoder: Any) -> bytes:
+        buffer = io.BytesIO()
+        decoder.export_index(fileobj=buffer)
+        return buffer.getvalue()
+
     def _finish(self, decoder: Any) -> int:
         decoder.build_full_index()
         size = int(decoder.seek(0, io.SEEK_END))

@@ -78,7 +78,8 @@ def candidates(fmt: FormatId, options: CompressionOptions) -> List[BackendInfo]:
     if fmt is FormatId.GZIP and options.gzip_backend:
         wanted = GZIP_BACKEND_CHOICES.get(options.gzip_backend)
         if wanted is None:
-            raise ValueError(f"unknown gzip backend {options.gzip_backend!r}; choose one of {sorted(GZIP_BACKEND_CHOICES)}")
+            choices = ", ".join(sorted(GZIP_BACKEND_CHOICES))
+            raise ValueError(f"unknown gzip backend {options.gzip_backend!r}; choose one of {choices}")
         found = [info for info in found if info.name == wanted]  # an explicit choice is not overridden
     return found
 

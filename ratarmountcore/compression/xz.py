@@ -84,8 +84,8 @@ class XzReader(FramedReader):
             if end < 24:
                 raise TruncatedArchiveError(f"{self.path}: xz data is truncated or corrupt (no stream footer)")
             footer = self.raw_pread(end - 12, 12)
-            if footer[10:12] != b"YZ":
-                raise TruncatedArchiveError(f"{self.path}: xz data is truncated or corrupt (no stream footer at the end)")
+            if footer[10:12] != b"YZ":  # the footer magic
+                raise TruncatedArchiveError(f"{self.path}: xz data is truncated (no stream footer at the end)")
             check, backward_size = parse_xz_footer(footer)
             index_start = end - 12 - backward_size
             records = parse_xz_index(self.raw_pread(index_start, backward_size))

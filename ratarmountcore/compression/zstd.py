@@ -165,7 +165,8 @@ class ZstdReader(FramedReader):
     def head(self, size: int) -> bytes:
         import zstandard
 
-        reader = zstandard.ZstdDecompressor().stream_reader(self.open_raw(), read_across_frames=True, closefd=False)
+        raw: Any = self.open_raw()
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=False)
         pieces = []
         remaining = size
         with self.data_errors():

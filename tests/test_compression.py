@@ -1,0 +1,489 @@
+"""Compressed archives: every codec and backend against tarfile, seek points reused after a
+remount, corruption and truncation, single compressed files, the zstd converter, and concurrent
+reads. Archives are made with the real command-line tools and with Python, in temporary folders.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import logging
+import os
+import random
+import shutil
+import stat
+import subprocess
+import sys
+import tarfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import pytest
+
+import ratarmountcore
+from ratarmountcore.compression.base import CompressedReader
+from ratarmountcore.compression.framed import FrameTable
+from ratarmountcore.compression.registry import BACKENDS, open_compressed, select_backend
+from ratarmountcore.compression.zstd import ZstdReader
+from ratarmountcore.convert import convert_to_seekable_zstd
+from ratarmountcore.errors import ArchiveError, CorruptDataError, MissingBackendError
+from ratarmountcore.formats import FormatId
+from ratarmountcore.index.sqlite_index import IndexReader
+from ratarmountcore.io.readers import PlainFileReader, ReaderStream
+from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
+
+SPACING = 256 * 1024
+
+
+def options(**compression: object) -> OpenOptions:
+    return OpenOptions(
+        index=IndexOptions(index_folders=("",), progress=False),
+        compression=CompressionOptions(seek_point_spacing=SPACING, **compression),  # type: ignore[arg-type]
+    )
+
+
+def need(tool: str) -> None:
+    if shutil.which(tool) is None:
+        pytest.skip(f"needs the {tool} command")
+
+
+def run(*command: str) -> None:
+    subprocess.run(command, check=True, capture_output=True)
+
+
+# --- archives ----------------------------------------------------------------------------------
+def make_tar(path: Path, rng: random.Random, members: int, max_size: int, random_share: float = 0.5) -> None:
+    words = [bytes(rng.choice(b"abcdefghij") for _ in range(rng.randint(2, 8))) for _ in range(300)]
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for folder in ("docs", "docs/deep", "bin"):
+            info = tarfile.TarInfo(folder)
+            info.type = tarfile.DIRTYPE
+            info.mode = 0o750
+            info.mtime = 1_500_000_000
+            tar.addfile(info)
+        for i in range(members):
+            size = rng.randint(0, max_size)
+            if rng.random() < random_share:
+                data = rng.randbytes(size)
+            else:
+                data = b" ".join(rng.choice(words) for _ in range(size // 5 + 1))[:size]
+            name = f"docs/deep/{'long-' * 25}{i}.txt" if i % 7 == 3 else f"{('docs', 'bin')[i % 2]}/file{i:03}.bin"
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o640 if i % 3 else 0o755
+            info.mtime = 1_600_000_000 + i * 3600
+            info.uid, info.gid = 1000 + i % 3, 100
+            tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("docs/link")
+        link.type = tarfile.SYMTYPE
+        link.linkname = "../bin/file001.bin"
+        link.mtime = 1_600_000_000
+        tar.addfile(link)
+        hard = tarfile.TarInfo("bin/hardlink")
+        hard.type = tarfile.LNKTYPE
+        hard.linkname = "bin/file001.bin"
+        tar.addfile(hard)
+        empty = tarfile.TarInfo("empty")
+        tar.addfile(empty, io.BytesIO(b""))
+
+
+def compress(src: Path, kind: str) -> Path:
+    """``kind`` is codec-tool[-variant]; returns the new file next to ``src``."""
+    data = src.read_bytes()
+    if kind == "gz-cli":
+        need("gzip")
+        dst = src.with_name(src.name + ".gz")
+        run("gzip", "-k", "-f", str(src))
+    elif kind == "gz-python-multimember":
+        dst = src.with_name(src.name + ".mm.gz")
+        step = len(data) // 3 + 1
+        dst.write_bytes(b"".join(gzip.compress(data[i : i + step], 6) for i in range(0, len(data), step)))
+    elif kind == "bz2-cli":
+        need("bzip2")
+        dst = src.with_name(src.name + ".bz2")
+        run("bzip2", "-k", "-f", "-1", str(src))
+    elif kind == "bz2-python":
+        dst = src.with_name(src.name + ".py.bz2")
+        dst.write_bytes(bz2.compress(data, 1))
+    elif kind == "zst-cli":
+        need("zstd")
+        dst = src.with_name(src.name + ".zst")
+        run("zstd", "-q", "-f", "-3", str(src), "-o", str(dst))
+    elif kind == "zst-python-frames":
+        import zstandard
+
+        dst = src.with_name(src.name + ".frames.zst")
+        compressor = zstandard.ZstdCompressor(level=1, write_checksum=True)
+        dst.write_bytes(b"".join(compressor.compress(data[i : i + SPACING]) for i in range(0, len(data), SPACING)))
+    elif kind == "xz-cli":
+        need("xz")
+        dst = src.with_name(src.name + ".xz")
+        run("xz", "-k", "-f", "-0", "-T1", str(src))
+    elif kind == "xz-cli-blocks":
+        need("xz")
+        dst = src.with_name(src.name + ".blocks.xz")
+        with open(dst, "wb") as out:
+            subprocess.run(["xz", "-c", "-0", "--block-size=256KiB", str(src)], stdout=out, check=True)
+    else:
+        raise AssertionError(kind)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def small_tar(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("small") / "small.tar"
+    make_tar(path, random.Random(1), members=40, max_size=150_000)
+    return path
+
+
+@pytest.fixture(scope="module")
+def large_tar(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """~10 MB of mostly incompressible members: compressed size ~ decompressed size."""
+    path = tmp_path_factory.mktemp("large") / "large.tar"
+    make_tar(path, random.Random(2), members=40, max_size=500_000, random_share=0.9)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def private_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+def fresh_copy(path: Path, tmp_path: Path) -> Path:
+    """A copy in this test's folder (so every test builds its own index)."""
+    dst = tmp_path / path.name
+    shutil.copyfile(path, dst)
+    return dst
+
+
+KINDS = [
+    "gz-cli", "gz-python-multimember", "bz2-cli", "bz2-python", "zst-cli", "zst-python-frames", "xz-cli",
+    "xz-cli-blocks",
+]
+
+
+def compare_with_tarfile(src: ratarmountcore.MountSource, tar_path: Path) -> None:
+    with tarfile.open(tar_path) as tar:
+        members = tar.getmembers()
+        for member in members:
+            path = "/" + member.name
+            info = src.info(path)
+            if not member.islnk():  # hard links show their target's metadata
+                assert info.mtime_ns // 10**9 == int(member.mtime), path
+            if member.isdir():
+                assert info.is_dir and stat.S_IMODE(info.mode) == member.mode, path
+            elif member.issym():
+                assert info.is_symlink and src.readlink(path) == member.linkname, path
+            elif member.islnk():
+                assert src.read(path) == tar.extractfile(member.linkname).read(), path  # type: ignore[union-attr]
+            else:
+                assert info.is_file and stat.S_IMODE(info.mode) == member.mode, path
+                assert (info.size, info.uid, info.gid) == (member.size, member.uid, member.gid), path
+                assert src.read(path) == tar.extractfile(member).read(), path  # type: ignore[union-attr]
+
+
+def members_of(tar_path: Path) -> Dict[str, bytes]:
+    with tarfile.open(tar_path) as tar:
+        return {"/" + m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+
+
+# --- round trips -------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", KINDS)
+def test_round_trip_every_format(kind: str, small_tar: Path, tmp_path: Path) -> None:
+    archive = compress(fresh_copy(small_tar, tmp_path), kind)
+    for _ in range(2):  # build the index, then use it
+        with ratarmountcore.open(str(archive), options()) as src:
+            compare_with_tarfile(src, small_tar)
+    assert os.path.exists(str(archive) + ".index.sqlite")
+
+
+def test_indexed_gzip_backend_and_backend_switch_rebuilds(small_tar: Path, tmp_path: Path) -> None:
+    archive = compress(fresh_copy(small_tar, tmp_path), "gz-cli")
+    with ratarmountcore.open(str(archive), options(gzip_backend="indexed_gzip")) as src:
+        assert src._reader.backend_name == "indexed_gzip"  # type: ignore[attr-defined]
+        compare_with_tarfile(src, small_tar)
+    index = IndexReader(str(archive) + ".index.sqlite")
+    assert index.metadata["compression_backend"] == "indexed_gzip"
+    index.close()
+    with ratarmountcore.open(str(archive), options(gzip_backend="rapidgzip")) as src:  # rebuilt for rapidgzip
+        compare_with_tarfile(src, small_tar)
+    index = IndexReader(str(archive) + ".index.sqlite")
+    assert index.metadata["compression_backend"] == "rapidgzip"
+    assert index.seek_point_parts("rapidgzip")
+    index.close()
+
+
+def test_fallback_to_indexed_gzip_and_missing_backend_hint(
+    small_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    archive = compress(fresh_copy(small_tar, tmp_path), "gz-cli")
+    monkeypatch.setitem(sys.modules, "rapidgzip", None)  # "import rapidgzip" now raises ImportError
+    assert select_backend(FormatId.GZIP, CompressionOptions()).name == "indexed_gzip"
+    with ratarmountcore.open(str(archive), options()) as src:
+        compare_with_tarfile(src, small_tar)
+    monkeypatch.setitem(sys.modules, "indexed_gzip", None)
+    with pytest.raises(MissingBackendError, match="pip install rapidgzip") as caught:
+        ratarmountcore.open(str(archive), options())
+    assert str(archive) in str(caught.value)
+    with pytest.raises(MissingBackendError, match="pip install rapidgzip"):
+        select_backend(FormatId.BZIP2, CompressionOptions())
+    assert list(BACKENDS)[0] == "rapidgzip"
+
+
+# --- seek points -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kind, gzip_backend",
+    [
+        ("gz-cli", "rapidgzip"),
+        ("gz-cli", "indexed_gzip"),
+        ("bz2-cli", None),
+        ("zst-python-frames", None),
+        ("xz-cli-blocks", None),
+    ],
+)
+def test_remount_reads_last_member_without_decompressing_from_start(
+    kind: str, gzip_backend: str, large_tar: Path, tmp_path: Path
+) -> None:
+    archive = compress(fresh_copy(large_tar, tmp_path), kind)
+    opts = options(gzip_backend=gzip_backend, parallelization=2)
+    with ratarmountcore.open(str(archive), opts) as src:  # first mount: scan + store seek points
+        backend = src._reader.backend_name  # type: ignore[attr-defined]
+    index = IndexReader(str(archive) + ".index.sqlite")
+    assert index.seek_point_parts(backend), "no seek points stored"
+    index.close()
+
+    expected = members_of(large_tar)
+    last = max(expected, key=lambda name: int(name.rsplit("file", 1)[-1].split(".")[0]) if "file" in name else -1)
+    with ratarmountcore.open(str(archive), opts) as src:
+        reader: CompressedReader = src._reader  # type: ignore[attr-defined]
+        reader.stats.reset()
+        assert src.read(last) == expected[last]
+        read = reader.stats.compressed_bytes_read
+    size = archive.stat().st_size
+    assert len(expected[last]) < size // 10
+    # Decompressing from the start would read ~all of the file; from a seek point, a few chunks.
+    assert read < size // 4, f"read {read} of {size} compressed bytes for the last member"
+
+
+# --- corruption and truncation -----------------------------------------------------------------
+def read_everything(archive: Path, expected: Dict[str, bytes]) -> Tuple[int, int]:
+    """(members read correctly, errors); fails on wrong bytes. An open that fails counts as errors."""
+    good = errors = 0
+    try:
+        src = ratarmountcore.open(str(archive), options())
+    except (OSError, ArchiveError) as exc:
+        assert str(archive) in str(exc) and "\n" not in str(exc), str(exc)
+        return 0, len(expected)
+    with src:
+        for name, data in expected.items():
+            try:
+                got = src.read(name)
+            except OSError as exc:
+                assert isinstance(exc, (CorruptDataError, ArchiveError)) or exc.errno is not None, repr(exc)
+                errors += 1
+                continue
+            assert got == data, f"{name}: wrong bytes served from a corrupt archive"
+            good += 1
+    return good, errors
+
+
+@pytest.mark.parametrize("kind", ["gz-cli", "bz2-cli", "zst-cli", "zst-python-frames", "xz-cli", "xz-cli-blocks"])
+def test_corrupt_byte_gives_errors_never_wrong_bytes(kind: str, small_tar: Path, tmp_path: Path) -> None:
+    archive = compress(fresh_copy(small_tar, tmp_path), kind)
+    expected = members_of(small_tar)
+    raw = bytearray(archive.read_bytes())
+    raw[len(raw) // 2] ^= 0x55
+    archive.write_bytes(bytes(raw))
+    _good, errors = read_everything(archive, expected)
+    assert errors > 0
+
+
+def test_bit_rot_after_indexing_fails_only_the_affected_members(small_tar: Path, tmp_path: Path) -> None:
+    """A byte flipped after the index was written (same size and mtime, outside the sampled
+    fingerprint blocks): the index stays in use, reads touching that frame fail, others work."""
+    from ratarmountcore.index.fingerprint import SAMPLE, SAMPLES
+
+    archive = tmp_path / "out.tar.zst"
+    convert_to_seekable_zstd(str(small_tar), str(archive), frame_size=SPACING, options=options())
+    expected = members_of(small_tar)
+    raw = bytearray(archive.read_bytes())
+    step = (len(raw) - SAMPLE) // (SAMPLES - 1)
+    position = step * (SAMPLES // 2) + SAMPLE + (step - SAMPLE) // 2  # between two sampled blocks
+    raw[position] ^= 0x55
+    mtime = archive.stat().st_mtime_ns
+    archive.write_bytes(bytes(raw))
+    os.utime(archive, ns=(mtime, mtime))
+    good, errors = read_everything(archive, expected)
+    assert errors > 0 and good > 0
+
+
+@pytest.mark.parametrize("kind", ["gz-cli", "bz2-cli", "zst-cli", "xz-cli"])
+def test_truncated_archive_fails_with_one_line_naming_the_file(kind: str, small_tar: Path, tmp_path: Path) -> None:
+    archive = compress(fresh_copy(small_tar, tmp_path), kind)
+    raw = archive.read_bytes()
+    archive.write_bytes(raw[: len(raw) * 6 // 10])
+    with pytest.raises((ArchiveError, CorruptDataError)) as caught:
+        with ratarmountcore.open(str(archive), options()) as src:
+            for name in members_of(small_tar):
+                src.read(name)
+    message = str(caught.value)
+    assert message.startswith(str(archive)) and "\n" not in message, message
+
+
+# --- single compressed files -------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["gz-cli", "bz2-cli", "zst-cli", "xz-cli", "zst-python-frames"])
+def test_single_compressed_file_is_mounted_as_one_file(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = random.Random(3)
+    plain = tmp_path / "data.csv"
+    rows = (b"%d,%d,%s\n" % (i, rng.randint(0, 10**9), rng.randbytes(8).hex().encode()) for i in range(60_000))
+    content = b"".join(rows)
+    plain.write_bytes(content)
+    archive = compress(plain, kind)
+    plain.unlink()
+    name = os.path.splitext(archive.name)[0]  # data.csv.gz -> data.csv
+    with ratarmountcore.open(str(archive), options()) as src:
+        assert src.listdir("/") == [name]
+        assert src.stat("/" + name).st_size == len(content)
+        assert src.read("/" + name) == content
+    # Second mount: valid index, no decompression to learn the size.
+    import ratarmountcore.index.builder as builder
+
+    monkeypatch.setattr(builder, "IndexWriter", _no_rebuild)
+    with ratarmountcore.open(str(archive), options()) as src:
+        reader: CompressedReader = src._reader  # type: ignore[attr-defined]
+        reader.stats.reset()
+        assert src.stat("/" + name).st_size == len(content)
+        assert reader.stats.compressed_bytes_read == 0
+        with src.open("/" + name) as f:
+            f.seek(len(content) // 2)
+            assert f.read(1000) == content[len(content) // 2 : len(content) // 2 + 1000]
+
+
+def test_reader_stream_learns_size_from_reader(tmp_path: Path) -> None:
+    path = tmp_path / "x.gz"
+    path.write_bytes(gzip.compress(b"abc" * 100_000))
+    with open_compressed(str(path), PlainFileReader(str(path)), FormatId.GZIP, CompressionOptions()) as reader:
+        stream = ReaderStream(reader, None)
+        assert stream.seek(0, io.SEEK_END) == 300_000
+        assert reader.size == 300_000
+
+
+# --- converter ---------------------------------------------------------------------------------
+def _no_rebuild(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the index was rebuilt")
+
+
+@pytest.mark.parametrize("kind", ["gz-cli", "xz-cli", "plain"])
+def test_converter_output_opens_without_rescan(
+    kind: str, small_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = fresh_copy(small_tar, tmp_path)
+    if kind != "plain":
+        source = compress(source, kind)
+    out = tmp_path / "converted.tar.zst"
+    result = convert_to_seekable_zstd(str(source), str(out), frame_size=128 * 1024, level=3, options=options())
+    assert result.layout == "tar"
+    assert result.index_path == str(out) + ".index.sqlite"
+    assert result.frames == -(-small_tar.stat().st_size // (128 * 1024))
+    assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
+    if shutil.which("zstd"):
+        assert subprocess.run(["zstd", "-d", "-c", str(out)], capture_output=True, check=True).stdout == (
+            small_tar.read_bytes()
+        )
+    # Every frame decompresses on its own and carries a checksum.
+    import zstandard
+
+    raw = out.read_bytes()
+    index = IndexReader(result.index_path)
+    parts = index.seek_point_parts("zstandard")
+    index.close()
+    table = FrameTable.unpack(b"".join(parts[1:]))
+    for offset, size in zip(table.comp_offsets, table.comp_sizes):
+        assert zstandard.get_frame_parameters(raw[offset : offset + size]).has_checksum
+        zstandard.ZstdDecompressor().decompress(raw[offset : offset + size])
+
+    import ratarmountcore.index.builder as builder
+
+    monkeypatch.setattr(builder, "IndexWriter", _no_rebuild)
+    with ratarmountcore.open(str(out), options()) as src:
+        compare_with_tarfile(src, small_tar)
+
+
+def test_converter_single_file_and_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ratarmount.convert_cli import main
+
+    content = b"hello, world\n" * 100_000
+    source = tmp_path / "log.txt.gz"
+    source.write_bytes(gzip.compress(content))
+    out = tmp_path / "log.txt.zst"
+    assert main([str(source), str(out), "--frame-size", "0.25", "--no-progress"]) == 0
+    with ratarmountcore.open(str(out), options()) as src:
+        assert src.listdir("/") == ["log.txt"]
+        assert src.read("/log.txt") == content
+    capsys.readouterr()
+    assert main([str(source), str(out), "--no-progress"]) != 0  # exists, no --force
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "already exists" in error
+    assert main([str(tmp_path / "missing.tar"), str(tmp_path / "x.tar.zst")]) != 0
+    assert "missing.tar" in capsys.readouterr().err
+    assert main([str(source), str(out), "--force", "--no-progress"]) == 0
+
+
+# --- concurrency -------------------------------------------------------------------------------
+def hammer(src: ratarmountcore.MountSource, expected: Dict[str, bytes], reads: int = 240) -> None:
+    names = sorted(name for name, data in expected.items() if data)
+    rng = random.Random(5)
+    jobs: List[Tuple[str, int, int]] = []
+    for _ in range(reads):
+        name = rng.choice(names)
+        size = len(expected[name])
+        offset = rng.randrange(size)
+        jobs.append((name, offset, rng.randint(1, 200_000)))
+
+    def one(job: Tuple[str, int, int]) -> bool:
+        name, offset, length = job
+        with src.open(name) as f:
+            f.seek(offset)
+            return f.read(length) == expected[name][offset : offset + length]
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(one, jobs))
+
+
+@pytest.mark.parametrize("kind", ["gz-cli", "bz2-cli", "zst-cli", "zst-python-frames", "xz-cli-blocks"])
+def test_concurrent_reads_from_8_threads(kind: str, small_tar: Path, tmp_path: Path) -> None:
+    archive = compress(fresh_copy(small_tar, tmp_path), kind)
+    with ratarmountcore.open(str(archive), options(parallelization=2)):
+        pass  # build the index
+    with ratarmountcore.open(str(archive), options(parallelization=2)) as src:
+        hammer(src, members_of(small_tar))
+
+
+def test_single_frame_zstd_streams_warns_once_and_stays_correct(
+    small_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Pretend frames above 256 KiB are too big to cache, so this single-frame file takes the
+    # streaming path (one cursor per thread, restarted at the frame start when needed).
+    monkeypatch.setattr(ZstdReader, "whole_frame_limit", 256 * 1024)
+    archive = compress(fresh_copy(small_tar, tmp_path), "zst-cli")
+    with caplog.at_level(logging.WARNING, logger="ratarmountcore"):
+        with ratarmountcore.open(str(archive), options(parallelization=2)) as src:
+            hammer(src, members_of(small_tar), reads=120)
+    warnings = [r for r in caplog.records if "frame" in r.getMessage() and r.levelno == logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert "ratarmount-convert" in warnings[0].getMessage()
+
+
+def test_close_releases_the_file_and_refuses_reads(small_tar: Path, tmp_path: Path) -> None:
+    archive = compress(fresh_copy(small_tar, tmp_path), "gz-cli")
+    src = ratarmountcore.open(str(archive), options(parallelization=2))
+    reader: CompressedReader = src._reader  # type: ignore[attr-defined]
+    hammer(src, members_of(small_tar), reads=16)
+    src.close()
+    assert reader._plain.fd == -1  # type: ignore[attr-defined]
+    with pytest.raises(ValueError):
+        reader.pread(0, 10)
