@@ -41,7 +41,9 @@ def decompressed_name(archive_path: str) -> str:
     return stem + replacement
 
 
-def single_file_record(name: str, size: int, archive_mode: int, stats: ArchiveStats, owner: Tuple[int, int]) -> MemberRecord:
+def single_file_record(
+    name: str, size: int, archive_mode: int, stats: ArchiveStats, owner: Tuple[int, int]
+) -> MemberRecord:
     """The one index row of a single-file archive."""
     return MemberRecord(
         path="/" + name,
