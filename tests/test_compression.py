@@ -18,7 +18,7 @@ import sys
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 
@@ -268,11 +268,11 @@ def test_remount_reads_last_member_without_decompressing_from_start(
 
 
 # --- corruption and truncation -----------------------------------------------------------------
-def read_everything(archive: Path, expected: Dict[str, bytes]) -> Tuple[int, int]:
+def read_everything(archive: Path, expected: Dict[str, bytes], opts: Optional[OpenOptions] = None) -> Tuple[int, int]:
     """(members read correctly, errors); fails on wrong bytes. An open that fails counts as errors."""
     good = errors = 0
     try:
-        src = ratarmountcore.open(str(archive), options())
+        src = ratarmountcore.open(str(archive), opts or options())
     except (OSError, ArchiveError) as exc:
         assert str(archive) in str(exc) and "\n" not in str(exc), str(exc)
         return 0, len(expected)
@@ -289,14 +289,24 @@ def read_everything(archive: Path, expected: Dict[str, bytes]) -> Tuple[int, int
     return good, errors
 
 
-@pytest.mark.parametrize("kind", ["gz-cli", "bz2-cli", "zst-cli", "zst-python-frames", "xz-cli", "xz-cli-blocks"])
+def split_kind(kind: str) -> Tuple[str, OpenOptions]:
+    """"gz-cli@indexed_gzip" -> ("gz-cli", options with that gzip backend)."""
+    kind, _, backend = kind.partition("@")
+    return kind, options(gzip_backend=backend or None)
+
+
+DAMAGE_KINDS = ["gz-cli", "gz-cli@indexed_gzip", "gz-python-multimember@indexed_gzip", "bz2-cli", "zst-cli", "xz-cli"]
+
+
+@pytest.mark.parametrize("kind", [*DAMAGE_KINDS, "zst-python-frames", "xz-cli-blocks"])
 def test_corrupt_byte_gives_errors_never_wrong_bytes(kind: str, small_tar: Path, tmp_path: Path) -> None:
+    kind, opts = split_kind(kind)
     archive = compress(fresh_copy(small_tar, tmp_path), kind)
     expected = members_of(small_tar)
     raw = bytearray(archive.read_bytes())
     raw[len(raw) // 2] ^= 0x55
     archive.write_bytes(bytes(raw))
-    _good, errors = read_everything(archive, expected)
+    _good, errors = read_everything(archive, expected, opts)
     assert errors > 0
 
 
@@ -319,13 +329,14 @@ def test_bit_rot_after_indexing_fails_only_the_affected_members(small_tar: Path,
     assert errors > 0 and good > 0
 
 
-@pytest.mark.parametrize("kind", ["gz-cli", "bz2-cli", "zst-cli", "xz-cli"])
+@pytest.mark.parametrize("kind", DAMAGE_KINDS)
 def test_truncated_archive_fails_with_one_line_naming_the_file(kind: str, small_tar: Path, tmp_path: Path) -> None:
+    kind, opts = split_kind(kind)
     archive = compress(fresh_copy(small_tar, tmp_path), kind)
     raw = archive.read_bytes()
     archive.write_bytes(raw[: len(raw) * 6 // 10])
     with pytest.raises((ArchiveError, CorruptDataError)) as caught:
-        with ratarmountcore.open(str(archive), options()) as src:
+        with ratarmountcore.open(str(archive), opts) as src:
             for name in members_of(small_tar):
                 src.read(name)
     message = str(caught.value)
