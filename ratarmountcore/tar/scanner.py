@@ -291,8 +291,6 @@ class TarScanner:
         rdev = 0
 
         kind = _TYPEFLAG_KIND.get(typeflag, KIND_FILE)
-        if kind == KIND_FILE and raw_name.endswith(b"/") and typeflag in (b"0", b"\0") and not is_ustar:
-            kind = KIND_DIR  # v7 convention for directories
         if kind in (KIND_CHAR, KIND_BLOCK) and (is_ustar or is_oldgnu):
             major = parse_number(block[329:337], "devmajor", pos)
             minor = parse_number(block[337:345], "devminor", pos)
@@ -355,8 +353,14 @@ class TarScanner:
                 local_pax or [], pax, number, sparse, real_size, data_offset, stored_size, raw_name, pos
             )
 
+        if typeflag in (b"0", b"\0", b"7") and raw_name.endswith(b"/"):
+            # GNU tar (like BSD tar and v7) extracts a "regular file" whose final name -- after
+            # long-name and pax overrides -- ends in a slash as a directory, in every format.
+            kind = KIND_DIR
         if kind in (KIND_DIR, KIND_SYMLINK, KIND_HARDLINK, KIND_CHAR, KIND_BLOCK, KIND_FIFO):
             real_size = 0 if kind != KIND_SYMLINK else len(raw_link)
+        if kind == KIND_SYMLINK:
+            mode_bits = 0o777  # what lstat shows for every extracted symlink on Linux
         # Old GNU sparse extension blocks come on top of the stored size; a pax 1.0 sparse map
         # is part of it.
         data_end = (data_offset if typeflag == b"S" else pos + BLOCK) + stored_size
