@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import List, Optional
 
@@ -66,6 +67,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     from ratarmountcore.convert import convert_to_seekable_zstd
 
+    if os.path.lexists(args.output) and not args.force:
+        print(f"ratarmount-convert: error: {args.output} already exists (use --force to replace it)", file=sys.stderr)
+        return 1
     try:
         result = convert_to_seekable_zstd(
             args.source,
@@ -81,7 +85,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (RatarmountError, OSError, ValueError) as exc:
         if args.debug:
             logger.exception("conversion failed")
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        if isinstance(exc, OSError) and exc.filename and str(exc.filename) not in text:
+            text = f"{exc.filename}: {text}"
+        message = text.splitlines()[0] if text else type(exc).__name__
         print(f"ratarmount-convert: error: {message}", file=sys.stderr)
         return 1
     if sys.stderr.isatty() and not args.no_progress:

@@ -235,11 +235,16 @@ def convert_to_seekable_zstd(
     options = options or OpenOptions()
     if frame_size < 1:
         raise ValueError("frame_size must be positive")
+    if os.path.exists(src_path) and not os.path.isfile(src_path):
+        raise ArchiveError(f"{src_path}: not a regular file")
+    out_folder = os.path.dirname(os.path.abspath(dst_path))
+    if not os.path.isdir(out_folder):
+        raise NotFoundError(2, f"{out_folder}: no such folder for the output")
     if os.path.exists(dst_path):
         if os.path.exists(src_path) and os.path.samefile(src_path, dst_path):
             raise ArchiveError(f"{dst_path}: the output would overwrite the input")
         if not overwrite:
-            raise ArchiveError(f"{dst_path}: already exists (pass overwrite=True / --force to replace it)")
+            raise ArchiveError(f"{dst_path}: already exists (overwrite=True replaces it)")
     try:
         plain = PlainFileReader(src_path)
     except FileNotFoundError:
