@@ -498,3 +498,33 @@ def test_close_releases_the_file_and_refuses_reads(small_tar: Path, tmp_path: Pa
     assert reader._plain.fd == -1  # type: ignore[attr-defined]
     with pytest.raises(ValueError):
         reader.pread(0, 10)
+
+
+def test_memory_bounds_across_readers(small_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idle decoders are limited process-wide, decoded frames by one shared cache budget."""
+    from ratarmountcore.compression import framed, pool
+
+    monkeypatch.setattr(pool, "IDLE_LIMIT", 3)
+    expected = members_of(small_tar)
+    name, data = next((n, d) for n, d in expected.items() if d)
+    sources = []
+    try:
+        for i in range(6):
+            folder = tmp_path / str(i)
+            folder.mkdir()
+            archive = compress(fresh_copy(small_tar, folder), "gz-cli")
+            sources.append(ratarmountcore.open(str(archive), options(parallelization=1)))
+            assert sources[-1].read(name) == data
+        assert sum(src._reader._pool.live_instances for src in sources) <= 3  # type: ignore[attr-defined]
+        assert all(src.read(name) == data for src in sources)  # evicted decoders come back
+    finally:
+        for src in sources:
+            src.close()
+
+    monkeypatch.setattr(framed.FRAME_CACHE, "budget", 3 * SPACING)
+    archive = compress(fresh_copy(small_tar, tmp_path), "zst-python-frames")
+    with ratarmountcore.open(str(archive), options()) as src:
+        for member, content in expected.items():
+            assert src.read(member) == content
+            assert framed.FRAME_CACHE.cached_bytes <= 4 * SPACING
+    assert framed.FRAME_CACHE.cached_bytes == 0  # closing drops the reader's frames

@@ -7,29 +7,33 @@ jump straight to the frame that holds a requested offset.
 Thread safety and memory:
 
 * Frames up to ``whole_frame_limit`` bytes (decompressed) are decoded whole, which verifies their
-  checksum *before* any byte is returned, and kept in a small LRU cache of at most
-  ``cache_bytes`` bytes under one lock. Decoding happens outside the lock (at most ``threads``
-  decodes at a time, and one per frame: other threads wanting the same frame wait for it).
-* Larger frames cannot be cached. They are read through a bounded pool of streaming cursors
-  (``max_cursors``), each positioned somewhere inside one frame; a read continues the cursor
-  closest behind it or starts a new one at the frame start. Such files are slow to seek in; a
-  warning is logged once per reader. Their checksums are verified once, during the first mount.
+  checksum *before* any byte is returned, and kept in one process-wide LRU cache of at most
+  ``FRAME_CACHE_BYTES`` bytes (shared by all readers, one lock). Decoding happens outside the lock
+  (at most ``threads`` decodes per reader at a time, and one per frame: other threads wanting the
+  same frame wait for it).
+* Larger frames cannot be cached. They are read through an ``InstancePool`` of streaming cursors
+  (at most ``max_cursors`` per reader), each positioned somewhere inside one frame; a read
+  continues the cursor closest behind it or restarts one at the frame start. Such files are slow
+  to seek in; a warning is logged once per reader. Their checksums are verified once, during the
+  first mount (``export_seek_points``).
 """
 
 from __future__ import annotations
 
 import bisect
 import collections
+import itertools
 import logging
 import struct
 import threading
 from abc import abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar, Dict, List, Optional, Set
+from typing import ClassVar, Dict, List, Optional, Set, Tuple
 
 from ..errors import CorruptDataError
 from ..options import CompressionOptions
 from .base import CompressedReader, PlainFile, SeekPointSource, SeekPointWriter, pack_seek_points
+from .pool import InstancePool, Slot
 
 logger = logging.getLogger(__name__)
 
@@ -89,16 +93,68 @@ class FrameStream:
         pass
 
 
-@dataclass
+#: Decoded frames kept across all readers of the process.
+FRAME_CACHE_BYTES = 128 * 1024 * 1024
+
+
+class FrameCache:
+    """Process-wide LRU of decoded frames, keyed by (reader token, frame number)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._frames: "collections.OrderedDict[Tuple[int, int], bytes]" = collections.OrderedDict()
+        self._bytes = 0
+
+    def get(self, key: Tuple[int, int]) -> Optional[bytes]:
+        with self._lock:
+            data = self._frames.get(key)
+            if data is not None:
+                self._frames.move_to_end(key)
+            return data
+
+    def put(self, key: Tuple[int, int], data: bytes) -> None:
+        with self._lock:
+            old = self._frames.pop(key, None)
+            if old is not None:
+                self._bytes -= len(old)
+            self._frames[key] = data
+            self._bytes += len(data)
+            while self._bytes > self.budget and len(self._frames) > 1:
+                _, evicted = self._frames.popitem(last=False)
+                self._bytes -= len(evicted)
+
+    def drop(self, token: int) -> None:
+        with self._lock:
+            for key in [k for k in self._frames if k[0] == token]:
+                self._bytes -= len(self._frames.pop(key))
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._bytes
+
+
+FRAME_CACHE = FrameCache(FRAME_CACHE_BYTES)
+_TOKENS = itertools.count(1)
+
+
 class _Cursor:
-    frame: int
-    position: int  # inside the frame
-    stream: FrameStream
+    """A streaming decoder somewhere inside one large frame (or none yet)."""
+
+    def __init__(self) -> None:
+        self.frame = -1
+        self.position = 0  # inside the frame
+        self.stream: Optional[FrameStream] = None
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
+        self.frame = -1
 
 
 class FramedReader(CompressedReader):
     whole_frame_limit: ClassVar[int] = 32 * 1024 * 1024
-    cache_bytes: ClassVar[int] = 64 * 1024 * 1024
     max_cursors: ClassVar[int] = 4
     #: How to get a file with more frames (for the warning about slow seeking).
     multi_frame_hint: ClassVar[str] = ""
@@ -108,18 +164,14 @@ class FramedReader(CompressedReader):
         self._table_lock = threading.Lock()
         self._frames: Optional[FrameTable] = None
         self._warned = False
-        # whole-frame cache
-        self._cache_lock = threading.Lock()
-        self._cache: "collections.OrderedDict[int, bytes]" = collections.OrderedDict()
-        self._cached_bytes = 0
+        self._token = next(_TOKENS)
+        self._inflight_lock = threading.Lock()
         self._inflight: Dict[int, threading.Event] = {}
         self._decode_slots = threading.BoundedSemaphore(max(1, options.threads()))
-        # streaming cursors for large frames
-        self._cursor_cond = threading.Condition()
-        self._idle_cursors: List[_Cursor] = []
-        self._live_cursors = 0
+        self._cursors: InstancePool[_Cursor] = InstancePool(
+            lambda: Slot(_Cursor(), position=-1), _Cursor.close, self.max_cursors
+        )
         self._verified: Set[int] = set()
-        self._closed = False
 
     # --- backend hooks ------------------------------------------------------------------------
     @abstractmethod
@@ -210,12 +262,12 @@ class FramedReader(CompressedReader):
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def _cached_frame(self, frame: int, table: FrameTable) -> bytes:
+        key = (self._token, frame)
         while True:
-            with self._cache_lock:
-                data = self._cache.get(frame)
-                if data is not None:
-                    self._cache.move_to_end(frame)
-                    return data
+            data = FRAME_CACHE.get(key)
+            if data is not None:
+                return data
+            with self._inflight_lock:
                 event = self._inflight.get(frame)
                 if event is None:
                     event = self._inflight[frame] = threading.Event()
@@ -232,97 +284,50 @@ class FramedReader(CompressedReader):
                     f"{len(data)} bytes instead of {table.decomp_sizes[frame]}"
                 )
             self._verified.add(frame)
-            with self._cache_lock:
-                self._cache[frame] = data
-                self._cached_bytes += len(data)
-                while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
-                    _, old = self._cache.popitem(last=False)
-                    self._cached_bytes -= len(old)
+            FRAME_CACHE.put(key, data)
             return data
         finally:
-            with self._cache_lock:
+            with self._inflight_lock:
                 self._inflight.pop(frame, None)
             event.set()
 
     # --- large frames -------------------------------------------------------------------------
-    def _take_cursor(self, frame: int, position: int, table: FrameTable) -> _Cursor:
-        with self._cursor_cond:
-            while True:
-                if self._closed:
-                    raise ValueError("I/O operation on a closed compressed file")
-                usable = [c for c in self._idle_cursors if c.frame == frame and c.position <= position]
-                if usable:
-                    cursor = max(usable, key=lambda c: c.position)
-                    self._idle_cursors.remove(cursor)
-                    return cursor
-                if self._live_cursors < self.max_cursors:
-                    self._live_cursors += 1
-                    break
-                if self._idle_cursors:  # recycle the least recently used one
-                    old = self._idle_cursors.pop(0)
-                    old.stream.close()
-                    break
-                self._cursor_cond.wait()
-        try:
-            with self.data_errors():
-                stream = self._open_stream(frame, table)
-        except BaseException:
-            with self._cursor_cond:
-                self._live_cursors -= 1
-                self._cursor_cond.notify()
-            raise
-        return _Cursor(frame, 0, stream)
-
-    def _give_back_cursor(self, cursor: _Cursor, ok: bool) -> None:
-        with self._cursor_cond:
-            keep = ok and not self._closed and cursor.position < self._frames_size(cursor.frame)
-            if keep:
-                self._idle_cursors.append(cursor)
-            else:
-                self._live_cursors -= 1
-            self._cursor_cond.notify()
-        if not keep:
-            cursor.stream.close()
-
-    def _frames_size(self, frame: int) -> int:
-        table = self._frames
-        return table.decomp_sizes[frame] if table is not None else 0
-
     def _stream_read(self, frame: int, position: int, size: int, table: FrameTable) -> bytes:
-        cursor = self._take_cursor(frame, position, table)
-        ok = False
-        try:
+        start = table.decomp_offsets[frame]
+        length = table.decomp_sizes[frame]
+        with self._cursors.acquire(start + position) as slot:
+            cursor = slot.instance
             with self.data_errors():
+                if cursor.stream is None or cursor.frame != frame or cursor.position > position:
+                    cursor.close()
+                    cursor.stream = self._open_stream(frame, table)
+                    cursor.frame, cursor.position = frame, 0
                 while cursor.position < position:  # skip forward, in bounded steps
                     skipped = cursor.stream.read(min(position - cursor.position, 1 << 20))
                     if not skipped:
                         break
                     cursor.position += len(skipped)
-                data = self._stream_exact(cursor, size) if cursor.position == position else b""
-            if len(data) != size:
+                pieces = []
+                remaining = size if cursor.position == position else 0
+                while remaining > 0:
+                    data = cursor.stream.read(remaining)
+                    if not data:
+                        break
+                    pieces.append(data)
+                    remaining -= len(data)
+                    cursor.position += len(data)
+                if cursor.position == length:
+                    if cursor.stream.read(1):  # reading past the end verifies the checksum
+                        raise CorruptDataError(f"{self.path}: {self.format_name} frame {frame} is longer than indexed")
+                    self._verified.add(frame)
+                    cursor.close()
+            result = b"".join(pieces)
+            if len(result) != size:
                 raise CorruptDataError(
                     f"{self.path}: {self.format_name} frame at byte {table.comp_offsets[frame]} ends early"
                 )
-            ok = True
-            return data
-        finally:
-            self._give_back_cursor(cursor, ok)
-
-    def _stream_exact(self, cursor: _Cursor, size: int) -> bytes:
-        pieces = []
-        remaining = size
-        while remaining > 0:
-            data = cursor.stream.read(remaining)
-            if not data:
-                break
-            pieces.append(data)
-            remaining -= len(data)
-            cursor.position += len(data)
-        if cursor.position == self._frames_size(cursor.frame):
-            if cursor.stream.read(1):  # reading past the end verifies the checksum
-                raise CorruptDataError(f"{self.path}: {self.format_name} frame {cursor.frame} is longer than indexed")
-            self._verified.add(cursor.frame)
-        return b"".join(pieces)
+            slot.position = start + cursor.position if cursor.stream is not None else -1
+            return result
 
     def _verify_large_frames(self, table: FrameTable) -> None:
         """Decode every large frame to its end once (the scan usually got close already), so that
@@ -330,23 +335,17 @@ class FramedReader(CompressedReader):
         for frame, length in enumerate(table.decomp_sizes):
             if length <= self.whole_frame_limit or frame in self._verified:
                 continue
-            with self._cursor_cond:
-                ahead = [c.position for c in self._idle_cursors if c.frame == frame]
-            start = max(ahead, default=0)
-            position = start
+            start = table.decomp_offsets[frame]
+            ahead = [p - start for p in self._cursors.idle_positions() if start <= p < start + length]
+            position = max(ahead, default=0)
             while position < length:
                 step = min(length - position, 4 << 20)
                 self._stream_read(frame, position, step, table)
                 position += step
 
     def close(self) -> None:
-        with self._cursor_cond:
-            self._closed = True
-            idle, self._idle_cursors = self._idle_cursors, []
-            self._cursor_cond.notify_all()
-        for cursor in idle:
-            cursor.stream.close()
-        with self._cache_lock:
-            self._cache.clear()
-            self._cached_bytes = 0
-        super().close()
+        try:
+            self._cursors.close()
+            FRAME_CACHE.drop(self._token)
+        finally:
+            super().close()

@@ -1,15 +1,20 @@
 """A small pool of stateful decoder instances shared by many threads.
 
-Library decoders (``rapidgzip.RapidgzipFile``, ``indexed_gzip.IndexedGzipFile``, ...) are file
-objects with one position and no internal locking, so one instance must never be used by two
-threads at once. FUSE, however, reads from many threads. The pool hands out at most
-``max_instances`` instances, each to one thread at a time, under a condition variable:
+Library decoders (``rapidgzip.RapidgzipFile``, ``indexed_gzip.IndexedGzipFile``, a zstd or lzma
+stream positioned inside a frame, ...) have one position and no internal locking, so one
+instance must never be used by two threads at once. FUSE, however, reads from many threads. The
+pool hands out at most ``max_instances`` instances, each to one thread at a time, under a
+condition variable:
 
 * an idle instance already positioned at the requested offset is preferred (sequential reads of a
   member continue without seeking), then the one closest behind it, then any;
-* when all are busy and the limit is reached, callers wait; memory therefore stays bounded by
-  ``max_instances`` times what one instance holds (its seek points plus its chunk cache);
+* when all are busy and the limit is reached, callers wait;
 * an instance whose use raised is closed rather than returned (its state is unknown).
+
+Memory stays bounded per pool (``max_instances``) and per process: across all pools at most
+``IDLE_LIMIT`` idle instances are kept; beyond that the least recently used idle one is closed
+(it is recreated, with the stored seek points, when needed again). This matters for union mounts
+of many compressed archives.
 
 All pools still open at interpreter exit are closed by an ``atexit`` hook: some libraries abort
 the process if their worker threads are still running during finalization.
@@ -18,27 +23,63 @@ the process if their worker threads are still running during finalization.
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import logging
 import threading
 import weakref
-from dataclasses import dataclass
-from typing import Callable, Generic, Iterator, List, Optional, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Iterator, List, Optional, Tuple, TypeVar
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+#: Idle instances kept across all pools of the process.
+IDLE_LIMIT = 16
 
-@dataclass
+
+@dataclass(eq=False)
 class Slot(Generic[T]):
     """One decoder and what the pool knows about it."""
 
     instance: T
-    #: Decompressed offset the instance is positioned at (after the last read).
+    #: Decompressed offset the instance is positioned at (after the last read); -1: unknown.
     position: int = 0
     #: True once the instance knows every seek point of the file (imported or built to the end).
     complete: bool = False
+    extra: Any = field(default=None)
+
+
+class _IdleRegistry:
+    """Process-wide LRU of idle slots; evicts beyond ``IDLE_LIMIT``. Its lock is never held
+    together with a pool's lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lru: "collections.OrderedDict[int, Tuple[weakref.ref[InstancePool[Any]], Slot[Any]]]" = (
+            collections.OrderedDict()
+        )
+
+    def touch(self, pool: "InstancePool[Any]", slot: Slot[Any]) -> None:
+        with self._lock:
+            self._lru[id(slot)] = (weakref.ref(pool), slot)
+            self._lru.move_to_end(id(slot))
+            victims = []
+            while len(self._lru) > IDLE_LIMIT:
+                _, victim = self._lru.popitem(last=False)
+                victims.append(victim)
+        for pool_ref, victim_slot in victims:
+            owner = pool_ref()
+            if owner is not None:
+                owner._evict(victim_slot)
+
+    def forget(self, slot: Slot[Any]) -> None:
+        with self._lock:
+            self._lru.pop(id(slot), None)
+
+
+_IDLE = _IdleRegistry()
 
 
 class InstancePool(Generic[T]):
@@ -55,6 +96,14 @@ class InstancePool(Generic[T]):
     @property
     def max_instances(self) -> int:
         return self._max
+
+    @property
+    def live_instances(self) -> int:
+        return self._live
+
+    def idle_positions(self) -> List[int]:
+        with self._cond:
+            return [slot.position for slot in self._idle]
 
     @contextlib.contextmanager
     def acquire(self, offset: Optional[int] = None) -> Iterator[Slot[T]]:
@@ -74,7 +123,7 @@ class InstancePool(Generic[T]):
             best = max(idle, key=lambda s: (s.complete, s.position))
         else:
             exact = [s for s in idle if s.position == offset]
-            behind = [s for s in idle if s.position < offset]
+            behind = [s for s in idle if 0 <= s.position < offset]
             if exact:
                 best = exact[0]
             elif behind:
@@ -85,16 +134,21 @@ class InstancePool(Generic[T]):
         return best
 
     def _take(self, offset: Optional[int]) -> Slot[T]:
+        slot: Optional[Slot[T]] = None
         with self._cond:
             while True:
                 if self._closed:
                     raise ValueError("I/O operation on a closed compressed file")
                 if self._idle:
-                    return self._pick(offset)
+                    slot = self._pick(offset)
+                    break
                 if self._live < self._max:
                     self._live += 1
                     break
                 self._cond.wait()
+        if slot is not None:
+            _IDLE.forget(slot)
+            return slot
         try:
             return self._create()  # outside the lock: may be slow (imports seek points)
         except BaseException:
@@ -111,8 +165,20 @@ class InstancePool(Generic[T]):
             else:
                 self._live -= 1
             self._cond.notify()
-        if not keep:
+        if keep:
+            _IDLE.touch(self, slot)
+        else:
             self._safe_close(slot.instance)
+
+    def _evict(self, slot: Slot[T]) -> None:
+        """Close ``slot`` if it is still idle here (called by the process-wide idle limit)."""
+        with self._cond:
+            if slot not in self._idle:
+                return
+            self._idle.remove(slot)
+            self._live -= 1
+            self._cond.notify()
+        self._safe_close(slot.instance)
 
     def retire_idle(self, predicate: Callable[[Slot[T]], bool]) -> None:
         """Close idle instances matching ``predicate`` (e.g. those created before an import)."""
@@ -122,6 +188,7 @@ class InstancePool(Generic[T]):
             self._live -= len(retired)
             self._cond.notify_all()
         for slot in retired:
+            _IDLE.forget(slot)
             self._safe_close(slot.instance)
 
     def _safe_close(self, instance: T) -> None:
@@ -138,11 +205,12 @@ class InstancePool(Generic[T]):
             self._live -= len(idle)
             self._cond.notify_all()
         for slot in idle:
+            _IDLE.forget(slot)
             self._safe_close(slot.instance)
         _LIVE_POOLS.discard(self)
 
 
-_LIVE_POOLS: "weakref.WeakSet[InstancePool]" = weakref.WeakSet()  # type: ignore[type-arg]
+_LIVE_POOLS: "weakref.WeakSet[InstancePool[Any]]" = weakref.WeakSet()
 
 
 @atexit.register
