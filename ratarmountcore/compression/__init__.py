@@ -1,4 +1,14 @@
-"""Decompression backends behind one random-access interface."""
+"""Decompression backends behind one random-access interface.
+
+* ``base``: the ``CompressedReader`` ABC (thread-safe ``pread``, ``size``, seek point export and
+  import), the counting ``FdFile`` all backends read through, seek point (de)serialization.
+* ``registry``: which backend opens which format (``BACKENDS``), ``open_compressed``.
+* ``pool`` / ``pooled``: bounded pools of library decoders (rapidgzip, indexed_gzip).
+* ``framed``: frame-table random access with a shared frame cache (zstd, xz).
+* ``gzip``, ``bzip2``, ``zstd``, ``xz``: one module per library.
+
+Importing this package imports no decompression library; backends are imported on first use.
+"""
 
 from __future__ import annotations
 
