@@ -764,3 +764,39 @@ def test_trailing_slash_regular_members_are_directories(tmp_path: Path) -> None:
     archive.write_bytes(bytes(raw))
     extracted = check_archive_against_tar(archive, tmp_path)
     assert extracted["/olddir"].kind == "d"
+
+
+def test_unusual_pax_records(tmp_path: Path) -> None:
+    """Pax values as GNU tar reads them: Python writes float times like ``1e-09`` (GNU tar reads
+    the leading number: 1 s); malformed numbers are reported by tar but do not stop extraction,
+    the header's value is kept. Neither may make the archive unreadable."""
+    archive = tmp_path / "pax-records.tar"
+    records = {
+        "exp-small": {"mtime": "1e-09"},
+        "exp-big": {"mtime": "1.5e+20"},
+        "many-digits": {"mtime": "1234567890.12345678999"},
+        "neg-many-digits": {"mtime": "-1.10000000000001"},
+        "neg-fraction": {"mtime": "-0.5"},
+        "plus-uid": {"uid": " +42", "gid": "7"},
+        "bad-mtime": {"mtime": "yesterday"},
+        "bad-uid": {"uid": "12x", "gid": "-5"},
+        "huge-uid": {"uid": "99999999999999999999"},
+        "bad-size": {"size": "3 bytes"},
+    }
+    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, pax in records.items():
+            info = tarfile.TarInfo(name)
+            info.mtime = 1_111_111_111
+            info.uid, info.gid = 3, 4
+            info.pax_headers = dict(pax)
+            data = b"abc" if name == "bad-size" else name.encode()
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    raw = archive.read_bytes()
+    assert b"mtime=1e-09" in raw and b"uid=12x" in raw
+    extracted = check_archive_against_tar(archive, tmp_path, tar_status=(0, 2))
+    assert extracted["/exp-small"].mtime_ns == 1_000_000_000
+    assert extracted["/neg-many-digits"].mtime_ns == -1_100_000_001
+    assert extracted["/bad-mtime"].mtime_ns == 1_111_111_111_000_000_000
+    assert (extracted["/bad-uid"].uid, extracted["/bad-uid"].gid) == (3, 4)
+    assert extracted["/plus-uid"].uid == 3 and extracted["/plus-uid"].gid == 7  # "+42" is malformed

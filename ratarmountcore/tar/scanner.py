@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import logging
 import posixpath
+import re
 import stat
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple
@@ -55,6 +56,9 @@ _TYPEFLAG_KIND = {
     b"D": KIND_DIR,  # GNU dumpdir: a directory with a listing as data
     b"S": KIND_FILE,  # GNU old sparse file
 }
+
+_UID_MAX = (1 << 32) - 1  # uid_t and gid_t
+_SIZE_MAX = (1 << 63) - 1  # off_t
 
 Extents = List[Tuple[int, int]]  # (offset in the file, length); data stored back to back
 
@@ -111,13 +115,39 @@ def parse_number(field: bytes, what: str, offset: int) -> int:
         raise CorruptHeaderError(f"invalid {what} field {field!r} in tar header at offset {offset}") from None
 
 
-def parse_pax_time_ns(value: str) -> int:
-    negative = value.startswith("-")
-    if negative:
-        value = value[1:]
-    whole, _, frac = value.partition(".")
-    ns = int(whole or "0") * 1_000_000_000 + int((frac + "000000000")[:9] or "0")
-    return -ns if negative else ns
+_PAX_TIME = re.compile(r"(-?)([0-9]+)(?:\.([0-9]*))?")
+_PAX_INT = re.compile(r"-?[0-9]+\Z")
+_TIME_T_MAX = (1 << 63) - 1
+
+
+def parse_pax_time_ns(value: str) -> Optional[int]:
+    """A pax time as GNU tar's ``decode_timespec`` reads it: a leading ``[-]digits[.digits]``,
+    anything after it ignored (so Python's ``mtime=1e-09`` is 1 s); digits beyond nanoseconds are
+    truncated toward minus infinity. None when there is no number: GNU tar then reports a
+    malformed header and keeps the ustar header's time, and so do we."""
+    match = _PAX_TIME.match(value)
+    if match is None:
+        return None
+    seconds = int(match.group(2))
+    if seconds > _TIME_T_MAX:
+        return None
+    frac = match.group(3) or ""
+    ns = int(frac[:9].ljust(9, "0"))
+    if match.group(1):
+        if frac[9:].strip("0"):
+            ns += 1
+        return -seconds * 1_000_000_000 - ns
+    return seconds * 1_000_000_000 + ns
+
+
+def parse_pax_int(value: str, low: int, high: int) -> Optional[int]:
+    """A pax number as GNU tar's ``decode_signed_num``/``strtosysint`` reads it (an optional
+    minus, then digits only); None when malformed or out of range, in which case GNU tar
+    ignores the record and keeps the header's value."""
+    if _PAX_INT.match(value) is None:
+        return None
+    number = int(value)
+    return number if low <= number <= high else None
 
 
 def parse_pax_records(data: bytes, offset: int) -> List[Tuple[str, bytes]]:
@@ -334,21 +364,26 @@ class TarScanner:
                 raw_name = pax["path"]
             if "linkpath" in pax:
                 raw_link = pax["linkpath"]
-            for key, setter in (("uid", "uid"), ("gid", "gid")):
-                value = number(key)
-                if value is not None:
-                    if setter == "uid":
-                        uid = value
-                    else:
-                        gid = value
-            if "mtime" in pax:
-                try:
-                    mtime_ns = parse_pax_time_ns(text("mtime") or "0")
-                except ValueError:
-                    raise CorruptHeaderError(f"invalid pax mtime for member at offset {pos}") from None
-            pax_size = number("size")
-            if pax_size is not None:
-                stored_size = real_size = pax_size
+            # Malformed or out-of-range uid/gid/size/mtime records are ignored, with the header's
+            # value kept, as GNU tar does (it extracts such members and reports the record).
+            for key in ("uid", "gid", "size", "mtime"):
+                value = text(key)
+                if value is None:
+                    continue
+                if key == "mtime":
+                    parsed = parse_pax_time_ns(value)
+                else:
+                    parsed = parse_pax_int(value, 0, _UID_MAX if key != "size" else _SIZE_MAX)
+                if parsed is None:
+                    logger.warning("%s: ignoring malformed pax record %s=%r at offset %d", self._name, key, value, pos)
+                elif key == "uid":
+                    uid = parsed
+                elif key == "gid":
+                    gid = parsed
+                elif key == "size":
+                    stored_size = real_size = parsed
+                else:
+                    mtime_ns = parsed
             sparse, real_size, data_offset, raw_name = self._pax_sparse(
                 local_pax or [], pax, number, sparse, real_size, data_offset, stored_size, raw_name, pos
             )
