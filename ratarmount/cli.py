@@ -39,7 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground (Ctrl+C unmounts)")
     parser.add_argument("-u", "--unmount", metavar="MOUNTPOINT", help="unmount MOUNTPOINT and exit")
     parser.add_argument(
-        "-o", "--fuse", action="append", default=[], metavar="OPTIONS",
+        "-o",
+        "--fuse",
+        action="append",
+        default=[],
+        metavar="OPTIONS",
         help="comma-separated FUSE options, e.g. -o allow_other,uid=1000",
     )
     parser.add_argument("--index-file", help="read/write the index at this path")
@@ -51,17 +55,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--recreate-index", action="store_true", help="rebuild the index even if a valid one exists")
     parser.add_argument("-r", "--recursive", action="store_true", help="mount archives inside archives as folders")
     parser.add_argument(
-        "-P", "--parallelization", type=int, default=0, metavar="N",
+        "-P",
+        "--parallelization",
+        type=int,
+        default=0,
+        metavar="N",
         help="threads for parallel decompression (default 0: all cores)",
     )
     parser.add_argument("--gzip-backend", choices=["rapidgzip", "indexed_gzip"], help="force a gzip backend")
     parser.add_argument(
-        "--seek-point-spacing", "--gzip-seek-point-spacing", type=float, default=4.0, metavar="MiB",
+        "--seek-point-spacing",
+        "--gzip-seek-point-spacing",
+        type=float,
+        default=4.0,
+        metavar="MiB",
         help="distance between decompressor seek points stored in the index, in MiB (default 4)",
     )
     parser.add_argument("--version", action="store_true", help="print versions of ratarmount and its backends")
     parser.add_argument(
-        "-d", "--debug", action="count", default=0,
+        "-d",
+        "--debug",
+        action="count",
+        default=0,
         help="log debug messages and show tracebacks; twice also enables libfuse's debug output",
     )
     return parser

@@ -25,14 +25,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("source", help="archive to read")
     parser.add_argument("output", help="file to write (usually ending in .tar.zst)")
     parser.add_argument(
-        "--frame-size", type=float, default=4.0, metavar="MiB",
+        "--frame-size",
+        type=float,
+        default=4.0,
+        metavar="MiB",
         help="uncompressed bytes per independent zstd frame, in MiB (default 4); smaller seeks faster, "
         "larger compresses better",
     )
     parser.add_argument("-l", "--level", type=int, default=3, help="zstd compression level (default 3)")
     parser.add_argument("-f", "--force", action="store_true", help="replace OUTPUT if it exists")
     parser.add_argument(
-        "-P", "--parallelization", type=int, default=0, metavar="N",
+        "-P",
+        "--parallelization",
+        type=int,
+        default=0,
+        metavar="N",
         help="threads for decompression and compression (default 0: all cores)",
     )
     parser.add_argument(

@@ -63,8 +63,10 @@ def main() -> int:
         start = time.perf_counter()
         digests = make_archive(archive, args.classes, args.per_class)
         size = os.path.getsize(archive)
-        print(f"archive: {archive} ({len(digests):,} files, {size / 2**20:.1f} MiB) "
-              f"made in {time.perf_counter() - start:.2f} s")
+        print(
+            f"archive: {archive} ({len(digests):,} files, {size / 2**20:.1f} MiB) "
+            f"made in {time.perf_counter() - start:.2f} s"
+        )
 
         first = run([*ratarmount, archive, mountpoint])
         print(f"first mount (builds the index):  {first:.3f} s")
@@ -87,7 +89,7 @@ def main() -> int:
             with open(path, "rb") as f:
                 data = f.read()
             total += len(data)
-            if hashlib.sha256(data).hexdigest() != digests[path[len(mountpoint):]]:
+            if hashlib.sha256(data).hexdigest() != digests[path[len(mountpoint) :]]:
                 raise SystemExit(f"demo: wrong bytes in {path}")
         reading = time.perf_counter() - start
         print(f"read and verify all files:       {reading:.3f} s ({total / 2**20 / reading:.0f} MiB/s)")

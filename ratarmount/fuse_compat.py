@@ -59,7 +59,9 @@ if fuse is not None:
                 self._pinned.add(ident)
             return super()._wrapper(func, *args, **kwargs)
 
-        def readdir_fuse_3(self, path: Optional[bytes], buf: Any, filler: Any, offset: int, fip: Any, flags: int) -> int:
+        def readdir_fuse_3(
+            self, path: Optional[bytes], buf: Any, filler: Any, offset: int, fip: Any, flags: int
+        ) -> int:
             """Serve a listing prepared by ``opendir`` with real offsets.
 
             With offsets, libfuse hands each entry's attributes straight to the kernel (the

@@ -46,7 +46,9 @@ def translate_errors(method: F) -> F:
         except Exception as exc:
             code = _errno_of(exc)
             if code == errno.EIO:
-                logger.error("%s%s failed: %s", method.__name__, args[1:2], exc, exc_info=logger.isEnabledFor(logging.DEBUG))
+                logger.error(
+                    "%s%s failed: %s", method.__name__, args[1:2], exc, exc_info=logger.isEnabledFor(logging.DEBUG)
+                )
             raise fuse.FuseOSError(code) from None
 
     return wrapper  # type: ignore[return-value]

@@ -322,7 +322,11 @@ def convert_to_seekable_zstd(
             index_path = writer.final_path
         logger.info(
             "Wrote %s: %d frames, %d -> %d bytes%s",
-            dst_path, len(table), total, stats.size, f", index {index_path}" if index_path else "",
+            dst_path,
+            len(table),
+            total,
+            stats.size,
+            f", index {index_path}" if index_path else "",
         )
         return ConversionResult(dst_path, index_path, layout, len(table), total, stats.size)
     except BaseException:

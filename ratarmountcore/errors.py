@@ -62,11 +62,11 @@ class MissingBackendError(RatarmountError, ImportError):
     """An optional library needed for this file is not installed."""
 
 
-class IndexError_(RatarmountError, RuntimeError):
-    """Base for index problems (named with a trailing underscore to not shadow the builtin)."""
+class IndexFileError(RatarmountError, RuntimeError):
+    """Base for problems with an index file."""
 
 
-class InvalidIndexError(IndexError_):
+class InvalidIndexError(IndexFileError):
     """The index file is not a valid ratarmount index."""
 
 
@@ -74,7 +74,7 @@ class StaleIndexError(InvalidIndexError):
     """The index does not belong to the archive as it is now (or to this format version)."""
 
 
-class IndexNotWritableError(IndexError_, PermissionError):
+class IndexNotWritableError(IndexFileError, PermissionError):
     """No candidate location for the index is writable."""
 
 

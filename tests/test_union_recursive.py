@@ -142,3 +142,34 @@ def test_recursive_and_union_through_fuse(mounter: Mounter, tmp_path: Path) -> N
             with open(path, "rb") as f:
                 found[path[len(str(mnt)):]] = f.read()
     assert found == expected
+
+
+def compress(data: bytes, tool: str) -> bytes:
+    import subprocess
+
+    return subprocess.run([tool, "-c"], input=data, capture_output=True, check=True).stdout
+
+
+@pytest.mark.parametrize("tool,suffix", [("gzip", "tar.gz"), ("bzip2", "tar.bz2"), ("xz", "tar.xz"), ("zstd", "tar.zst")])
+def test_recursive_compressed_inner_archives(tmp_path: Path, tool: str, suffix: str) -> None:
+    classes = {f"n{c:04}": {f"img{i}.JPEG": os.urandom(3000 + 100 * i) for i in range(6)} for c in range(3)}
+    outer = {f"train/{synset}.{suffix}": compress(tar_bytes(files), tool) for synset, files in classes.items()}
+    outer["train/notes.txt.gz"] = compress(b"not a tar", "gzip")
+    (tmp_path / "outer.tar").write_bytes(tar_bytes(outer))
+    options = OpenOptions(recursive=True)
+    for _mount in range(2):  # the second open reads rows and seek points from the index
+        with ratarmountcore.open(str(tmp_path / "outer.tar"), options) as src:
+            for synset, files in classes.items():
+                assert src.listdir(f"/train/{synset}.{suffix}") == sorted(files)
+                for name, data in files.items():
+                    assert src.read(f"/train/{synset}.{suffix}/{name}") == data
+            assert src.read("/train/notes.txt.gz") == outer["train/notes.txt.gz"]
+
+
+def test_recursive_compressed_inner_through_fuse(mounter: Mounter, tmp_path: Path) -> None:
+    files = {f"img{i}.JPEG": os.urandom(5000) for i in range(20)}
+    (tmp_path / "outer.tar").write_bytes(tar_bytes({"cls.tar.gz": compress(tar_bytes(files), "gzip")}))
+    mnt = mounter.mount(tmp_path / "outer.tar", extra=["-r"])
+    assert sorted(os.listdir(mnt / "cls.tar.gz")) == sorted(files)
+    for name, data in files.items():
+        assert (mnt / "cls.tar.gz" / name).read_bytes() == data

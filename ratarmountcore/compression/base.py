@@ -48,10 +48,12 @@ class SeekPointSource(Protocol):
 
 
 class PlainFile(Protocol):
-    """The compressed file as opened by ``io.readers.PlainFileReader``."""
+    """The compressed file: ``io.readers.PlainFileReader``, or a ``FileWindow`` into an outer
+    uncompressed archive (``offset`` is where its byte 0 lies in ``fd``)."""
 
     fd: int
     size: int
+    offset: int
 
     def pread(self, offset: int, size: int) -> bytes: ...
 
@@ -257,7 +259,10 @@ class CompressedReader(ABC):
     # --- plumbing -----------------------------------------------------------------------------
     def open_raw(self, start: int = 0, end: Optional[int] = None) -> FdFile:
         """A fresh, independently positioned file object over (a range of) the compressed file."""
-        return FdFile(self._plain.fd, self._plain.size, self.stats, start, end)
+        base = self._plain.offset  # non-zero for a window into an outer archive
+        return FdFile(
+            self._plain.fd, base + self._plain.size, self.stats, base + start, None if end is None else base + end
+        )
 
     def raw_pread(self, offset: int, size: int) -> bytes:
         data = self._plain.pread(offset, size)

@@ -40,3 +40,14 @@ CREATE TABLE IF NOT EXISTS seek_points (
     data    BLOB    NOT NULL,
     PRIMARY KEY (backend, part)
 );
+
+-- Compressed archives inside an uncompressed archive (-r): the folder row "id" stands for the
+-- archive stored at [offset, offset + size) of the outer file. Rows with files.source = id have
+-- offsets into that archive's decompressed stream; its seek points are stored under
+-- seek_points.backend = '<backend>@<id>'.
+CREATE TABLE IF NOT EXISTS nested_archives (
+    id      INTEGER PRIMARY KEY,
+    offset  INTEGER NOT NULL,
+    size    INTEGER NOT NULL,
+    format  TEXT    NOT NULL
+);

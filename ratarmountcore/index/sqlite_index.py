@@ -7,7 +7,6 @@ The writer knows nothing about tar parsing and the reader nothing about building
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import posixpath
@@ -16,7 +15,7 @@ import struct
 import time
 import uuid
 from importlib import resources
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..errors import InvalidIndexError, StaleIndexError
 from ..tar.scanner import KIND_DIR, KIND_HARDLINK, MemberRecord
@@ -26,11 +25,10 @@ from .pool import ConnectionPool
 logger = logging.getLogger(__name__)
 
 #: Bump when the schema or the meaning of a column changes; older indexes are rebuilt.
-FORMAT_VERSION = "2"
+FORMAT_VERSION = "3"
 
 ROW_COLUMNS = (
-    "id, parent, name, kind, mode, size, mtime_ns, uid, gid, nlink, ino, linkname, "
-    "offset_data, sparse, rdev, source"
+    "id, parent, name, kind, mode, size, mtime_ns, uid, gid, nlink, ino, linkname, offset_data, sparse, rdev, source"
 )
 
 Row = Tuple[int, bytes, bytes, str, int, int, int, int, int, int, int, bytes, int, Optional[bytes], int, int]
@@ -45,7 +43,7 @@ def encode(path: str) -> bytes:
 
 
 def split_path(path: str) -> Tuple[bytes, bytes]:
-    """"/a/b/c" -> (b"/a/b", b"c"); "/" -> (b"", b"")."""
+    """ "/a/b/c" -> (b"/a/b", b"c"); "/" -> (b"", b"")."""
     if path == "/":
         return b"", b""
     parent, name = posixpath.split(path)
@@ -176,6 +174,12 @@ class IndexWriter:
         )
         self._batch.clear()
 
+    def add_nested_archive(self, row_id: int, offset: int, size: int, fmt: str) -> None:
+        self._conn.execute(
+            "INSERT OR REPLACE INTO nested_archives (id, offset, size, format) VALUES (?, ?, ?, ?)",
+            (row_id, offset, size, fmt),
+        )
+
     def put_seek_points(self, backend: str, parts: Iterable[bytes]) -> None:
         self._conn.execute("DELETE FROM seek_points WHERE backend = ?", (backend,))
         self._conn.executemany(
@@ -302,9 +306,7 @@ class IndexWriter:
             updates.append((2 + subdirs.get(path, 0), row_id))
         conn.executemany("UPDATE files SET nlink = ? WHERE id = ?", updates)
         root_subdirs = subdirs.get(b"/", 0)
-        conn.execute(
-            "INSERT OR REPLACE INTO metadata (key, value) VALUES ('root_nlink', ?)", (str(2 + root_subdirs),)
-        )
+        conn.execute("INSERT OR REPLACE INTO metadata (key, value) VALUES ('root_nlink', ?)", (str(2 + root_subdirs),))
 
 
 class IndexReader:
@@ -370,8 +372,12 @@ class IndexReader:
             f"SELECT {ROW_COLUMNS} FROM files WHERE parent = ? AND latest = 1", (parent,)
         )
 
+    def nested_archive(self, row_id: int) -> Tuple[int, int, str]:
+        row = self._query("SELECT offset, size, format FROM nested_archives WHERE id = ?", (row_id,), one=True)
+        if row is None:
+            raise InvalidIndexError(f"{self.path}: no nested archive with id {row_id}")
+        return int(row[0]), int(row[1]), str(row[2])
+
     def seek_point_parts(self, backend: str) -> List[bytes]:
         rows = self._query("SELECT data FROM seek_points WHERE backend = ? ORDER BY part", (backend,))
         return [row[0] for row in rows]
-
-

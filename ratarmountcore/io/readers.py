@@ -24,6 +24,9 @@ class RandomAccessReader(Protocol):
 class PlainFileReader:
     """``pread`` on a file descriptor."""
 
+    #: Where this reader's byte 0 lies in the file behind ``fd`` (see ``FileWindow``).
+    offset = 0
+
     def __init__(self, path: str) -> None:
         self.path = path
         self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -36,6 +39,25 @@ class PlainFileReader:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+class FileWindow:
+    """``size`` bytes at ``offset`` of a file descriptor owned by someone else: a member of an
+    uncompressed archive seen as a file of its own (e.g. a .tar.gz inside a .tar)."""
+
+    def __init__(self, fd: int, offset: int, size: int, path: str = "") -> None:
+        self.fd = fd
+        self.offset = offset
+        self.size = size
+        self.path = path
+
+    def pread(self, offset: int, size: int) -> bytes:
+        if offset >= self.size:
+            return b""
+        return os.pread(self.fd, min(size, self.size - offset), self.offset + offset)
+
+    def close(self) -> None:
+        """The descriptor belongs to the outer archive."""
 
 
 class ReaderStream(io.RawIOBase):

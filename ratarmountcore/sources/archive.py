@@ -5,15 +5,17 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from typing import Iterable, List, NamedTuple, Optional, Tuple
+import threading
+from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-from ..errors import ArchiveError, NotFoundError, RatarmountError
+from ..errors import ArchiveError, InvalidIndexError, NotFoundError, RatarmountError
+from ..formats import FormatId
 from ..index.builder import open_or_build
 from ..index.fingerprint import archive_stats
 from ..index.sqlite_index import IndexReader, IndexWriter, Row, decode_int, encode, split_path, unpack_sparse
 from ..io.readers import MemberFile, PlainFileReader, RandomAccessReader
-from ..options import OpenOptions
-from ..tar.indexing import index_tar
+from ..options import CompressionOptions, OpenOptions
+from ..tar.indexing import NamespacedSeekPoints, index_tar, open_nested_compressed
 from .base import FileInfo, MountSource
 
 logger = logging.getLogger(__name__)
@@ -24,6 +26,8 @@ VERSIONS_SUFFIX = b".versions"
 class ArchiveLocator(NamedTuple):
     offset: int
     sparse: Optional[bytes]
+    #: 0, or the row id of the compressed inner archive whose decompressed stream holds the data
+    source: int = 0
 
 
 def _decode(raw: bytes) -> str:
@@ -31,7 +35,7 @@ def _decode(raw: bytes) -> str:
 
 
 def row_to_info(row: Row) -> FileInfo:
-    (row_id, _parent, _name, _kind, mode, size, mtime_ns, uid, gid, nlink, ino, linkname, offset, sparse, rdev, _src) = row
+    (_id, _parent, _name, _kind, mode, size, mtime_ns, uid, gid, nlink, ino, linkname, offset, sparse, rdev, src) = row
     return FileInfo(
         mode=mode,
         size=size,
@@ -42,7 +46,7 @@ def row_to_info(row: Row) -> FileInfo:
         ino=ino + 1,  # inode 1 is the root
         linkname=_decode(linkname),
         rdev=rdev,
-        locator=ArchiveLocator(offset, sparse),
+        locator=ArchiveLocator(offset, sparse, src),
     )
 
 
@@ -50,10 +54,20 @@ class ArchiveSource(MountSource):
     """Members of one archive. Lookups are indexed SQLite queries (one connection per thread);
     reads go through the shared, thread-safe ``RandomAccessReader``."""
 
-    def __init__(self, path: str, reader: RandomAccessReader, index: IndexReader, owner: Tuple[int, int]) -> None:
+    def __init__(
+        self,
+        path: str,
+        reader: RandomAccessReader,
+        index: IndexReader,
+        owner: Tuple[int, int],
+        compression: Optional[CompressionOptions] = None,
+    ) -> None:
         self.path = path
         self._reader = reader
         self._index = index
+        self._compression = compression or CompressionOptions()
+        self._nested: Dict[int, RandomAccessReader] = {}
+        self._nested_lock = threading.Lock()
         meta = index.metadata
         mtime_ns = int(meta.get("archive_mtime_ns", "0"))
         self._root = FileInfo(
@@ -80,8 +94,13 @@ class ArchiveSource(MountSource):
             info = row_to_info(row)
             if path == "/":  # the archive's own "./" entry: keep its metadata, but it is the root
                 return FileInfo(
-                    mode=info.mode, size=0, mtime_ns=info.mtime_ns, uid=info.uid, gid=info.gid,
-                    nlink=self._root.nlink, ino=1,
+                    mode=info.mode,
+                    size=0,
+                    mtime_ns=info.mtime_ns,
+                    uid=info.uid,
+                    gid=info.gid,
+                    nlink=self._root.nlink,
+                    ino=1,
                 )
             return info
         if path == "/":
@@ -96,8 +115,13 @@ class ArchiveSource(MountSource):
                 return None
             newest = row_to_info(versions[-1])
             return FileInfo(
-                mode=stat.S_IFDIR | 0o555, size=0, mtime_ns=newest.mtime_ns, uid=newest.uid, gid=newest.gid,
-                nlink=2, ino=0,
+                mode=stat.S_IFDIR | 0o555,
+                size=0,
+                mtime_ns=newest.mtime_ns,
+                uid=newest.uid,
+                gid=newest.gid,
+                nlink=2,
+                ino=0,
             )
         if name.isdigit() and parent.endswith(VERSIONS_SUFFIX):
             grand, base = split_path(_decode(parent[: -len(VERSIONS_SUFFIX)]))
@@ -122,16 +146,44 @@ class ArchiveSource(MountSource):
         locator = info.locator
         if not isinstance(locator, ArchiveLocator):
             raise NotFoundError(2, "not a file of this archive")
-        return MemberFile(self._reader, locator.offset, info.size, unpack_sparse(locator.sparse))
+        reader = self._reader if locator.source == 0 else self._nested_reader(locator.source)
+        return MemberFile(reader, locator.offset, info.size, unpack_sparse(locator.sparse))
+
+    def _nested_reader(self, row_id: int) -> RandomAccessReader:
+        """The decompressor of a compressed archive inside this (uncompressed) one, made on first
+        use with its seek points from the index."""
+        with self._nested_lock:
+            reader = self._nested.get(row_id)
+            if reader is None:
+                offset, size, fmt = self._index.nested_archive(row_id)
+                if not isinstance(self._reader, PlainFileReader):
+                    raise InvalidIndexError(f"{self.path}: nested compressed archive in a compressed archive")
+                compressed = open_nested_compressed(
+                    self._reader.fd, offset, size, FormatId(fmt), f"{self.path}:#{row_id}", self._compression
+                )
+                compressed.import_seek_points(NamespacedSeekPoints(self._index, row_id))
+                self._nested[row_id] = reader = compressed
+            return reader
 
     def statfs(self) -> dict:  # type: ignore[type-arg]
         blocks = (self._total_size + 4095) // 4096
         return {
-            "f_bsize": 4096, "f_frsize": 4096, "f_blocks": blocks, "f_bfree": 0, "f_bavail": 0,
-            "f_files": self._entries, "f_ffree": 0, "f_favail": 0, "f_namemax": 255,
+            "f_bsize": 4096,
+            "f_frsize": 4096,
+            "f_blocks": blocks,
+            "f_bfree": 0,
+            "f_bavail": 0,
+            "f_files": self._entries,
+            "f_ffree": 0,
+            "f_favail": 0,
+            "f_namemax": 255,
         }
 
     def close(self) -> None:
+        with self._nested_lock:
+            for nested in self._nested.values():
+                nested.close()
+            self._nested.clear()
         self._index.close()
         self._reader.close()
 
@@ -178,7 +230,16 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
 
         def build(writer: IndexWriter) -> None:
             total = stats.size if reader is plain else None
-            index_tar(reader, total, writer, path, options.index.progress, options.recursive)
+            index_tar(
+                reader,
+                total,
+                writer,
+                path,
+                options.index.progress,
+                options.recursive,
+                options.compression,
+                plain.fd if reader is plain else None,
+            )
             if reader is not plain:
                 compressed.export_seek_points(writer)
 
@@ -189,7 +250,7 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
             except BaseException:
                 index.close()
                 raise
-        return ArchiveSource(path, reader, index, owner)
+        return ArchiveSource(path, reader, index, owner, options.compression)
     except ArchiveError as exc:
         reader.close()  # a compressed reader closes its worker threads (and the plain file)
         plain.close()

@@ -15,13 +15,13 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from ..io.readers import MemberFile
 from ..errors import (
     IsADirectoryRatarmountError,
     NotADirectoryRatarmountError,
     NotASymlinkError,
     NotFoundError,
 )
+from ..io.readers import MemberFile
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class MountSource(ABC):
     def open_info(self, info: FileInfo) -> MemberFile:
         """A seekable binary file for a regular file's ``info``."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a default, not a primitive
         """Release files and connections."""
 
     # --- capabilities -------------------------------------------------------------------------
@@ -157,4 +157,3 @@ class MountSource(ABC):
             files = sorted(name for name, info in entries if not info.is_dir)
             yield folder, dirs, files
             stack.extend(posixpath.join(folder, d) for d in reversed(dirs))
-

@@ -26,8 +26,22 @@ logger = logging.getLogger(__name__)
 
 #: Extensions removed to name the decompressed file; tar-like short forms become ".tar".
 _SUFFIXES: Dict[str, str] = {
-    ".gz": "", ".gzip": "", ".z": "", ".bz2": "", ".bzip2": "", ".bz": "", ".zst": "", ".zstd": "", ".xz": "",
-    ".tgz": ".tar", ".taz": ".tar", ".tbz": ".tar", ".tbz2": ".tar", ".tb2": ".tar", ".tzst": ".tar", ".txz": ".tar",
+    ".gz": "",
+    ".gzip": "",
+    ".z": "",
+    ".bz2": "",
+    ".bzip2": "",
+    ".bz": "",
+    ".zst": "",
+    ".zstd": "",
+    ".xz": "",
+    ".tgz": ".tar",
+    ".taz": ".tar",
+    ".tbz": ".tar",
+    ".tbz2": ".tar",
+    ".tb2": ".tar",
+    ".tzst": ".tar",
+    ".txz": ".tar",
 }
 
 
@@ -93,8 +107,15 @@ class SingleFileSource(MountSource):
 
     def statfs(self) -> Dict[str, int]:
         return {
-            "f_bsize": 4096, "f_frsize": 4096, "f_blocks": (self._info.size + 4095) // 4096, "f_bfree": 0,
-            "f_bavail": 0, "f_files": 1, "f_ffree": 0, "f_favail": 0, "f_namemax": 255,
+            "f_bsize": 4096,
+            "f_frsize": 4096,
+            "f_blocks": (self._info.size + 4095) // 4096,
+            "f_bfree": 0,
+            "f_bavail": 0,
+            "f_files": 1,
+            "f_ffree": 0,
+            "f_favail": 0,
+            "f_namemax": 255,
         }
 
     def close(self) -> None:

@@ -1,26 +1,38 @@
-"""Feed a tar stream's members into an index writer, optionally descending into tars inside it.
+"""Feed a tar stream's members into an index writer, optionally descending into archives inside it.
 
-Recursion (``-r``): a regular member whose first block is a valid tar header is indexed as a
-folder holding the inner archive's members. The inner archive is uncompressed, so its members'
-data offsets are plain offsets into the outer (decompressed) stream, and reading them is exactly
-as cheap as reading any other member; the second mount needs no rescan because the inner rows are
-in the same persistent index.
+Recursion (``-r``): a regular member that is itself a tar archive is indexed as a folder holding
+the inner archive's members, in the same persistent index, so the second mount needs no rescan.
+
+- An **uncompressed** inner tar needs nothing new: its members' data offsets are plain offsets into
+  the outer (decompressed) stream and are read like any other member.
+- A **compressed** inner tar (``class.tar.gz`` inside ``train.tar``) gets a decompressor over its
+  bytes in the outer file. Its members' rows carry ``source`` = the folder's row id and offsets
+  into that decompressed stream; the decompressor's seek points are stored under
+  ``<backend>@<row id>``. This needs the outer bytes to be on disk as they are, i.e. an
+  uncompressed chain of outer archives; a compressed archive inside a compressed archive stays a
+  file (logged).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import logging
 import stat
-from typing import Callable, Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
-from ..errors import ArchiveError
-from ..formats import FormatId, sniff_bytes
+from ..errors import ArchiveError, RatarmountError
+from ..formats import COMPRESSIONS, FormatId, sniff_bytes
 from ..index.sqlite_index import IndexWriter
-from ..io.readers import RandomAccessReader, ReaderStream
+from ..io.readers import FileWindow, RandomAccessReader, ReaderStream
+from ..options import CompressionOptions
 from ..progress import Progress
 from .scanner import BLOCK, KIND_DIR, KIND_FILE, MemberRecord, TarScanner
+
+if TYPE_CHECKING:
+    from ..compression.base import CompressedReader
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +56,41 @@ class WindowReader:
         pass
 
 
+class NamespacedSeekPoints:
+    """Stores and finds a nested archive's seek points under ``<backend>@<row id>``."""
+
+    def __init__(self, target: Any, row_id: int) -> None:
+        self._target = target
+        self._suffix = f"@{row_id}"
+
+    def put_seek_points(self, backend: str, parts: Any) -> None:
+        self._target.put_seek_points(backend + self._suffix, parts)
+
+    def seek_point_parts(self, backend: str) -> List[bytes]:
+        return self._target.seek_point_parts(backend + self._suffix)  # type: ignore[no-any-return]
+
+
+def open_nested_compressed(
+    fd: int, offset: int, size: int, fmt: FormatId, label: str, options: CompressionOptions
+) -> "CompressedReader":
+    from ..compression.registry import open_compressed
+
+    return open_compressed(label, FileWindow(fd, offset, size, label), fmt, options)
+
+
+@dataclass
+class _Context:
+    writer: IndexWriter
+    label: str
+    on_progress: Callable[[int], None]
+    recursive: bool
+    compression: CompressionOptions
+    #: Descriptor of the outer file while the chain of archives is uncompressed, else None.
+    fd: Optional[int]
+    count: int = 0
+    nested: List[str] = field(default_factory=list)
+
+
 def _as_folder(record: MemberRecord) -> MemberRecord:
     permissions = stat.S_IMODE(record.mode)
     permissions |= (permissions & 0o444) >> 2  # searchable where readable
@@ -57,72 +104,99 @@ def index_tar(
     label: str,
     progress: bool,
     recursive: bool,
+    compression: Optional[CompressionOptions] = None,
+    fd: Optional[int] = None,
 ) -> None:
+    """Index the tar archive ``reader``; ``fd`` is the descriptor of the file when ``reader`` is
+    that file uncompressed (needed to descend into compressed archives inside it)."""
     bar = Progress(f"Indexing {label}", size, enabled=progress)
-    count = [0]
-
-    def on_progress(position: int) -> None:
-        bar.update(position, count[0])
-
+    ctx = _Context(
+        writer, label, lambda pos: bar.update(pos, ctx.count), recursive, compression or CompressionOptions(), fd
+    )
     try:
-        _scan(reader, size, writer, label, on_progress, count, recursive, "", 0, 0)
+        _scan(ctx, reader, size, prefix="", base=0, depth=0, source=0)
     finally:
         bar.close()
 
 
 def _scan(
-    reader: RandomAccessReader,
-    size: Optional[int],
-    writer: IndexWriter,
-    label: str,
-    on_progress: Callable[[int], None],
-    count: list,  # type: ignore[type-arg]
-    recursive: bool,
-    prefix: str,
-    base: int,
-    depth: int,
+    ctx: _Context, reader: RandomAccessReader, size: Optional[int], prefix: str, base: int, depth: int, source: int
 ) -> None:
+    """Scan one (possibly inner) archive. ``base`` is the offset of ``reader``'s byte 0 in the
+    stream that ``source`` names (0: the top-level stream)."""
     stream = io.BufferedReader(ReaderStream(reader, size), buffer_size=1 << 20)  # type: ignore[arg-type]
-    for record in TarScanner(stream, label, on_progress if depth == 0 else None):  # type: ignore[arg-type]
+    progress = ctx.on_progress if depth == 0 else None
+    for record in TarScanner(stream, ctx.label, progress):  # type: ignore[arg-type]
         if prefix:
             record.path = prefix + record.path if record.path != "/" else prefix
             if record.path == prefix:
                 continue  # the inner archive's own "./" entry: the folder is the member itself
         record.offset_header += base
         record.offset_data += base
-        inner = None
-        if recursive and depth < MAX_DEPTH and record.kind == KIND_FILE and record.sparse is None:
-            inner = _inner_tar(reader, record, base)
-        if inner is None:
-            writer.add(record)
-            count[0] += 1
+        if not (
+            ctx.recursive
+            and depth < MAX_DEPTH
+            and record.kind == KIND_FILE
+            and record.sparse is None
+            and record.size >= 2 * BLOCK
+        ):
+            ctx.writer.add(record, source)
+            ctx.count += 1
             continue
-        writer.add(_as_folder(record))
-        count[0] += 1
+        head = reader.pread(record.offset_data - base, BLOCK)
+        fmt = sniff_bytes(head)
+        if fmt is FormatId.TAR and head != b"\0" * BLOCK:
+            ctx.writer.add(_as_folder(record), source)
+            ctx.count += 1
+            inner = WindowReader(reader, record.offset_data - base, record.size)
+            scan = functools.partial(_scan, ctx, inner, record.size, record.path, record.offset_data, depth + 1, source)
+            _descend(ctx, record, scan)
+        elif fmt in COMPRESSIONS:
+            _index_compressed_member(ctx, record, fmt, depth, source)
+        else:
+            ctx.writer.add(record, source)
+            ctx.count += 1
+
+
+def _descend(ctx: _Context, record: MemberRecord, scan: Callable[[], None]) -> None:
+    try:
+        scan()
+    except ArchiveError as exc:
+        # Rows already added stay (they are correct); the rest of the inner archive is lost.
+        logger.warning("%s: inner archive %s is damaged (%s); showing what could be read", ctx.label, record.path, exc)
+
+
+def _index_compressed_member(ctx: _Context, record: MemberRecord, fmt: FormatId, depth: int, source: int) -> None:
+    if ctx.fd is None or source != 0:
+        logger.info("%s: %s is compressed inside a compressed archive; shown as a file", ctx.label, record.path)
+        ctx.writer.add(record, source)
+        ctx.count += 1
+        return
+    label = f"{ctx.label}:{record.path}"
+    try:
+        reader = open_nested_compressed(ctx.fd, record.offset_data, record.size, fmt, label, ctx.compression)
+    except RatarmountError as exc:
+        logger.warning("%s: cannot open inner archive (%s); shown as a file", label, exc)
+        ctx.writer.add(record, source)
+        ctx.count += 1
+        return
+    try:
         try:
-            _scan(
-                inner,
-                record.size,
-                writer,
-                label,
-                on_progress,
-                count,
-                recursive,
-                record.path,
-                record.offset_data,
-                depth + 1,
-            )
-        except ArchiveError as exc:
-            # Rows already added stay (they are correct); the rest of the inner archive is lost.
-            logger.warning("%s: inner archive %s is damaged (%s); showing what could be read", label, record.path, exc)
+            is_tar = sniff_bytes(reader.head(BLOCK)) is FormatId.TAR
+        except (RatarmountError, OSError):
+            is_tar = False
+        if not is_tar:  # e.g. a .csv.gz: keep the member as it is
+            ctx.writer.add(record, source)
+            ctx.count += 1
+            return
+        folder_id = ctx.writer.add(_as_folder(record), source)
+        ctx.count += 1
+        ctx.writer.add_nested_archive(folder_id, record.offset_data, record.size, fmt.value)
 
+        def scan() -> None:
+            _scan(ctx, reader, None, record.path, 0, depth + 1, folder_id)
+            reader.export_seek_points(NamespacedSeekPoints(ctx.writer, folder_id))
 
-def _inner_tar(reader: RandomAccessReader, record: MemberRecord, base: int) -> Optional[WindowReader]:
-    """A reader over the member's data if it is an uncompressed tar archive, else None."""
-    if record.size < 2 * BLOCK:
-        return None
-    relative = record.offset_data - base
-    head = reader.pread(relative, BLOCK)
-    if head == b"\0" * BLOCK or sniff_bytes(head) != FormatId.TAR:
-        return None
-    return WindowReader(reader, relative, record.size)
+        _descend(ctx, record, scan)
+    finally:
+        reader.close()

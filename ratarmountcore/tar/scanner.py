@@ -85,6 +85,8 @@ def normalize_path(name: str) -> str:
     Leading slashes and ``./`` are dropped, ``//`` collapsed, and ``..`` is resolved against the
     archive root, so ``../../etc/passwd`` becomes ``/etc/passwd`` *inside* the mount.
     """
+    if name and name[0] not in "./" and "//" not in name and "/." not in name and name[-1] != "/":
+        return "/" + name  # already normal: the common case, without normpath's cost
     path = posixpath.normpath("/" + name.lstrip("/"))
     if path.startswith("//"):
         path = "/" + path.lstrip("/")
@@ -106,12 +108,13 @@ def parse_number(field: bytes, what: str, offset: int) -> int:
         if field[0] == 0xFF:
             return int.from_bytes(field, "big", signed=True)
         return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
-    text = _cstr(field).strip(b" \0")
-    if not text:
-        return 0
+    end = field.find(b"\0")
+    text = field if end < 0 else field[:end]
     try:
-        return int(text, 8)
+        return int(text, 8)  # the common case: digits, maybe with surrounding spaces
     except ValueError:
+        if not text.strip(b" "):
+            return 0
         raise CorruptHeaderError(f"invalid {what} field {field!r} in tar header at offset {offset}") from None
 
 
