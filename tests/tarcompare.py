@@ -146,7 +146,17 @@ def explicit_members(archive: os.PathLike) -> Set[str]:
 def _unescape(line: bytes) -> bytes:
     out = bytearray()
     i = 0
-    simple = {ord("n"): 10, ord("t"): 9, ord("\\"): 92, ord("a"): 7, ord("b"): 8, ord("f"): 12, ord("r"): 13, ord("v"): 11, ord("?"): 127}
+    simple = {
+        ord("n"): 10,
+        ord("t"): 9,
+        ord("\\"): 92,
+        ord("a"): 7,
+        ord("b"): 8,
+        ord("f"): 12,
+        ord("r"): 13,
+        ord("v"): 11,
+        ord("?"): 127,
+    }
     while i < len(line):
         c = line[i]
         if c == 92 and i + 1 < len(line):
@@ -163,7 +173,9 @@ def _unescape(line: bytes) -> bytes:
     return bytes(out)
 
 
-def tar_extract(archive: os.PathLike, dest: os.PathLike, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
+def tar_extract(
+    archive: os.PathLike, dest: os.PathLike, *extra: str, check: bool = True
+) -> subprocess.CompletedProcess:
     os.makedirs(dest, exist_ok=True)
     args = ["tar", "-x", "-f", os.fspath(archive), "-C", os.fspath(dest), "--numeric-owner"]
     if IS_ROOT:
@@ -174,9 +186,22 @@ def tar_extract(archive: os.PathLike, dest: os.PathLike, *extra: str, check: boo
     return result
 
 
-def gnu_tar_create(archive: os.PathLike, folder: os.PathLike, fmt: str, *extra: str, members: Iterable[str] = (".",)) -> None:
+def gnu_tar_create(
+    archive: os.PathLike, folder: os.PathLike, fmt: str, *extra: str, members: Iterable[str] = (".",)
+) -> None:
     result = subprocess.run(
-        ["tar", f"--format={fmt}", "--numeric-owner", *extra, "-C", os.fspath(folder), "-cf", os.fspath(archive), "--", *members],
+        [
+            "tar",
+            f"--format={fmt}",
+            "--numeric-owner",
+            *extra,
+            "-C",
+            os.fspath(folder),
+            "-cf",
+            os.fspath(archive),
+            "--",
+            *members,
+        ],
         capture_output=True,
     )
     assert result.returncode == 0, f"tar -c --format={fmt} failed: {result.stderr.decode(errors='replace')}"

@@ -10,9 +10,6 @@ names, symlinks (dangling, absolute, long, non-UTF-8 targets), hard links, odd p
 from __future__ import annotations
 
 import os
-import shutil
-import stat
-import subprocess
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
@@ -20,11 +17,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import pytest
+from conftest import fuse_available, lazy_unmount, run_ratarmount
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import ratarmountcore
-from conftest import fuse_available, lazy_unmount, run_ratarmount
 from tarcompare import (
     FRESH,
     IS_ROOT,
@@ -35,6 +30,8 @@ from tarcompare import (
     snapshot_source,
     tar_extract,
 )
+
+import ratarmountcore
 
 settings.register_profile(
     "roundtrip-api",
@@ -54,7 +51,19 @@ settings.register_profile(
 # --- tree generation -------------------------------------------------------------------------------
 
 # "\udcXX" are undecodable bytes (surrogateescape): they make names that are not UTF-8.
-NAME_CHARS = list("abcxyzABC0129_-.,+=~ #'%@") + ["é", "ß", "ü", "日", "本", "Ω", "\U0001f600", "\udcff", "\udc80", "\udce9", "\udcfe"]
+NAME_CHARS = list("abcxyzABC0129_-.,+=~ #'%@") + [
+    "é",
+    "ß",
+    "ü",
+    "日",
+    "本",
+    "Ω",
+    "\U0001f600",
+    "\udcff",
+    "\udc80",
+    "\udce9",
+    "\udcfe",
+]
 FILE_MODES = [0o644, 0o600, 0o640, 0o755, 0o000, 0o444, 0o4755, 0o2755, 0o1777, 0o6777, 0o7000]
 DIR_MODES = [0o755, 0o700, 0o000, 0o1777, 0o2775, 0o555, 0o4711]
 OWNERS = [0, 1, 1000, 65534, 2_097_151, 2_097_152, 4_000_000_000]
@@ -108,7 +117,11 @@ class Tree:
     with_root_entry: bool = True
 
     def __repr__(self) -> str:  # short enough for hypothesis' falsifying example
-        return "Tree(" + ", ".join(f"{n.kind}:{'/'.join(n.path)!r}" for n in self.nodes) + f", root={self.with_root_entry})"
+        return (
+            "Tree("
+            + ", ".join(f"{n.kind}:{'/'.join(n.path)!r}" for n in self.nodes)
+            + f", root={self.with_root_entry})"
+        )
 
 
 @st.composite
@@ -126,7 +139,9 @@ def trees(draw: st.DrawFn) -> Tree:
             continue
         used[parent].add(raw)
         path = parent + (name,)
-        node = Node(kind, path, uid=draw(st.sampled_from(OWNERS)), gid=draw(st.sampled_from(OWNERS)), mtime_ns=draw(mtimes))
+        node = Node(
+            kind, path, uid=draw(st.sampled_from(OWNERS)), gid=draw(st.sampled_from(OWNERS)), mtime_ns=draw(mtimes)
+        )
         if kind == "d":
             node.mode = draw(st.sampled_from(DIR_MODES))
             dirs.append(path)
@@ -174,7 +189,11 @@ def materialize(tree: Tree, root: Path) -> int:
 
 # --- archiving --------------------------------------------------------------------------------------
 
-TARFILE_FORMATS = {"tarfile-ustar": tarfile.USTAR_FORMAT, "tarfile-gnu": tarfile.GNU_FORMAT, "tarfile-pax": tarfile.PAX_FORMAT}
+TARFILE_FORMATS = {
+    "tarfile-ustar": tarfile.USTAR_FORMAT,
+    "tarfile-gnu": tarfile.GNU_FORMAT,
+    "tarfile-pax": tarfile.PAX_FORMAT,
+}
 GNU_FORMATS = {"gnu-tar-gnu": "gnu", "gnu-tar-pax": "pax"}
 ALL_FORMATS = list(TARFILE_FORMATS) + list(GNU_FORMATS)
 
@@ -184,7 +203,9 @@ def make_archive(tree: Tree, root: Path, archive: Path, fmt: str) -> bool:
     top = sorted(os.listdir(root))
     if fmt in TARFILE_FORMATS:
         try:
-            with tarfile.open(archive, "w", format=TARFILE_FORMATS[fmt], encoding="utf-8", errors="surrogateescape") as tar:
+            with tarfile.open(
+                archive, "w", format=TARFILE_FORMATS[fmt], encoding="utf-8", errors="surrogateescape"
+            ) as tar:
                 if tree.with_root_entry:
                     tar.add(root, arcname=".")
                 else:

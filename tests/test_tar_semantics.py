@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 import pytest
-
-import ratarmountcore
 from conftest import lazy_unmount, requires_fuse, run_ratarmount
 from tarcompare import (
     FRESH,
@@ -33,10 +31,16 @@ from tarcompare import (
     tarfile_create,
 )
 
+import ratarmountcore
+
 requires_root = pytest.mark.skipif(not IS_ROOT, reason="restoring owners and devices needs root")
 
 GNU_FORMATS = ["gnu", "oldgnu", "ustar", "pax", "posix"]
-TARFILE_FORMATS = {"tarfile-ustar": tarfile.USTAR_FORMAT, "tarfile-gnu": tarfile.GNU_FORMAT, "tarfile-pax": tarfile.PAX_FORMAT}
+TARFILE_FORMATS = {
+    "tarfile-ustar": tarfile.USTAR_FORMAT,
+    "tarfile-gnu": tarfile.GNU_FORMAT,
+    "tarfile-pax": tarfile.PAX_FORMAT,
+}
 
 GiB = 1 << 30
 
@@ -163,7 +167,9 @@ def test_long_names_and_link_names(tmp_path: Path, fmt: str) -> None:
     src = tmp_path / "src"
     src.mkdir()
     names = make_long_name_tree(src)
-    archive = archive_both_ways(tmp_path, src, [fmt] if fmt in GNU_FORMATS else [], [fmt] if fmt in TARFILE_FORMATS else [])[0]
+    archive = archive_both_ways(
+        tmp_path, src, [fmt] if fmt in GNU_FORMATS else [], [fmt] if fmt in TARFILE_FORMATS else []
+    )[0]
     data = archive.read_bytes()
     if "gnu" in fmt:
         assert b"././@LongLink" in data  # GNU L/K records really used
@@ -212,7 +218,13 @@ def test_name_field_without_nul_terminator(tmp_path: Path) -> None:
 
 # --- names: encodings and sanitization --------------------------------------------------------------
 
-NON_ASCII = ["héllo wörld.txt", "日本語のファイル.txt", "emoji-\U0001f600.bin", "ΑΒΓ/δέλτα/ε.txt", "tab\tand newline\nname"]
+NON_ASCII = [
+    "héllo wörld.txt",
+    "日本語のファイル.txt",
+    "emoji-\U0001f600.bin",
+    "ΑΒΓ/δέλτα/ε.txt",
+    "tab\tand newline\nname",
+]
 
 
 @pytest.mark.parametrize("fmt", GNU_FORMATS + list(TARFILE_FORMATS))
@@ -223,7 +235,9 @@ def test_non_ascii_names(tmp_path: Path, fmt: str) -> None:
         write(src / name, f"content {i}\n".encode())
     os.symlink("日本語のファイル.txt", src / "ссылка")
     settle_dir_times(src)
-    archive = archive_both_ways(tmp_path, src, [fmt] if fmt in GNU_FORMATS else [], [fmt] if fmt in TARFILE_FORMATS else [])[0]
+    archive = archive_both_ways(
+        tmp_path, src, [fmt] if fmt in GNU_FORMATS else [], [fmt] if fmt in TARFILE_FORMATS else []
+    )[0]
     extracted = check_archive_against_tar(archive, tmp_path)
     for name in NON_ASCII:
         assert "/" + name in extracted
@@ -244,7 +258,9 @@ def test_non_utf8_names(tmp_path: Path, fmt: str) -> None:
         write(src / os.fsdecode(raw), b"bytes %d\n" % i)
     os.symlink(os.fsdecode(b"\xff\xfe.bin"), src / os.fsdecode(b"link-\xfa"))
     settle_dir_times(src)
-    archive = archive_both_ways(tmp_path, src, [fmt] if fmt in GNU_FORMATS else [], [fmt] if fmt in TARFILE_FORMATS else [])[0]
+    archive = archive_both_ways(
+        tmp_path, src, [fmt] if fmt in GNU_FORMATS else [], [fmt] if fmt in TARFILE_FORMATS else []
+    )[0]
     extracted = check_archive_against_tar(archive, tmp_path)
     with ratarmountcore.open(str(archive), FRESH) as s:
         for i, raw in enumerate(NON_UTF8):
@@ -352,7 +368,9 @@ def test_fractional_and_negative_mtimes(tmp_path: Path, fmt: str) -> None:
     os.utime(src / "sym", ns=(1, 987_654_321_987_654_321), follow_symlinks=False)
     (src / "d").mkdir()
     os.utime(src / "d", ns=(1, 1_111_111_111_999_999_999))
-    archive = archive_both_ways(tmp_path, src, [fmt] if fmt in GNU_FORMATS else [], [fmt] if fmt in TARFILE_FORMATS else [])[0]
+    archive = archive_both_ways(
+        tmp_path, src, [fmt] if fmt in GNU_FORMATS else [], [fmt] if fmt in TARFILE_FORMATS else []
+    )[0]
     extracted = check_archive_against_tar(archive, tmp_path)
     if fmt in ("pax", "posix"):  # GNU tar stores nanoseconds in pax headers
         assert extracted["/frac.txt"].mtime_ns == times["frac.txt"]
@@ -369,7 +387,12 @@ def test_large_uid_gid(tmp_path: Path, fmt: str) -> None:
     """Owners above the 7-digit octal limit (2097151): pax records or GNU base-256 fields."""
     src = tmp_path / "src"
     src.mkdir()
-    owners = {"small": (1000, 1000), "limit": (2_097_151, 2_097_151), "above": (2_097_152, 3_000_000), "huge": (4_000_000_000, 4_294_967_294)}
+    owners = {
+        "small": (1000, 1000),
+        "limit": (2_097_151, 2_097_151),
+        "above": (2_097_152, 3_000_000),
+        "huge": (4_000_000_000, 4_294_967_294),
+    }
     for name, (uid, gid) in owners.items():
         write(src / name, name.encode())
         os.chown(src / name, uid, gid)
@@ -378,7 +401,9 @@ def test_large_uid_gid(tmp_path: Path, fmt: str) -> None:
     os.symlink("small", src / "sym")
     os.lchown(src / "sym", 2_222_222_222, 2_222_222_223)
     settle_dir_times(src)
-    archive = archive_both_ways(tmp_path, src, [fmt] if fmt in GNU_FORMATS else [], [fmt] if fmt in TARFILE_FORMATS else [])[0]
+    archive = archive_both_ways(
+        tmp_path, src, [fmt] if fmt in GNU_FORMATS else [], [fmt] if fmt in TARFILE_FORMATS else []
+    )[0]
     extracted = check_archive_against_tar(archive, tmp_path)
     assert (extracted["/huge"].uid, extracted["/huge"].gid) == owners["huge"]
     assert extracted["/sym"].uid == 2_222_222_222
@@ -457,7 +482,10 @@ def assert_same_sparse_content(src: ratarmountcore.MountSource, path: str, extra
         else:
             probes = [(0, 1 << 20), (size - (1 << 20), 1 << 20), (size // 2, 4096), (size // 3 + 7, 100_000)]
             for s, e in regions:
-                probes += [(max(0, s - 4096), min(e, s + (1 << 20)) - max(0, s - 4096) + 4096), (max(0, e - 8192), 16384)]
+                probes += [
+                    (max(0, s - 4096), min(e, s + (1 << 20)) - max(0, s - 4096) + 4096),
+                    (max(0, e - 8192), 16384),
+                ]
             for offset, n in probes:
                 n = min(n, size - offset)
                 af.seek(offset)
@@ -489,7 +517,7 @@ SPARSE_VARIANTS = {
 
 
 @pytest.mark.parametrize("variant", list(SPARSE_VARIANTS))
-def test_sparse_files_above_8GiB(tmp_path: Path, sparse_source: Path, variant: str) -> None:
+def test_sparse_files_above_8gib(tmp_path: Path, sparse_source: Path, variant: str) -> None:
     archive = tmp_path / f"sparse-{variant}.tar"
     result = subprocess.run(
         ["tar", *SPARSE_VARIANTS[variant], "--numeric-owner", "-C", str(sparse_source), "-cf", str(archive), "."],
@@ -551,7 +579,9 @@ def test_huge_non_sparse_member(tmp_path: Path, fmt: str, full: bool) -> None:
     size = 8 * GiB + 3 * (1 << 20) + 17
     writes = [(0, b"start"), (5 * GiB, os.urandom(70_000)), (size - 9, b"last-byte")]
     archive = tmp_path / f"huge-{fmt}.tar"
-    data_offset = _huge_member_archive(archive, tarfile.PAX_FORMAT if fmt == "pax" else tarfile.GNU_FORMAT, size, writes)
+    data_offset = _huge_member_archive(
+        archive, tarfile.PAX_FORMAT if fmt == "pax" else tarfile.GNU_FORMAT, size, writes
+    )
     with open(archive, "rb") as f:
         raw = f.read(data_offset)
     if fmt == "pax":
@@ -571,7 +601,9 @@ def test_huge_non_sparse_member(tmp_path: Path, fmt: str, full: bool) -> None:
         if not full:
             return
         # Stream GNU tar's view of the member and compare every byte.
-        proc = subprocess.Popen(["tar", "-b", "2048", "-xOf", str(archive), "huge.bin"], stdout=subprocess.PIPE, bufsize=0)
+        proc = subprocess.Popen(
+            ["tar", "-b", "2048", "-xOf", str(archive), "huge.bin"], stdout=subprocess.PIPE, bufsize=0
+        )
         assert proc.stdout is not None
         try:
             fcntl.fcntl(proc.stdout.fileno(), 1031, 1 << 20)  # F_SETPIPE_SZ
@@ -675,7 +707,9 @@ def test_appended_versions(tmp_path: Path) -> None:
         if i == 0:
             gnu_tar_create(archive, src, "gnu", members=members)
         else:
-            result = subprocess.run(["tar", "--numeric-owner", "-C", str(src), "-rf", str(archive), *members], capture_output=True)
+            result = subprocess.run(
+                ["tar", "--numeric-owner", "-C", str(src), "-rf", str(archive), *members], capture_output=True
+            )
             assert result.returncode == 0, result.stderr
     extracted = check_archive_against_tar(archive, tmp_path)
     assert extracted["/changes-type"].kind == "f"
