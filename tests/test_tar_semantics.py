@@ -834,3 +834,114 @@ def test_unusual_pax_records(tmp_path: Path) -> None:
     assert extracted["/bad-mtime"].mtime_ns == 1_111_111_111_000_000_000
     assert (extracted["/bad-uid"].uid, extracted["/bad-uid"].gid) == (3, 4)
     assert extracted["/plus-uid"].uid == 3 and extracted["/plus-uid"].gid == 7  # "+42" is malformed
+
+
+def test_pax_global_headers(tmp_path: Path) -> None:
+    """Global extended headers ('g') apply to every following member, below local records. GNU
+    tar replaces the whole global set with each new 'g' header (no merging)."""
+    archive = tmp_path / "global.tar"
+    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT, pax_headers={"uid": "777", "mtime": "1234.5"}) as tar:
+        _add(tar, "a", b"a", uid=1, gid=2)
+        info = tarfile.TarInfo("b")
+        info.pax_headers = {"uid": "55"}
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"b"))
+    raw = bytearray(archive.read_bytes())
+    # Append a second global header (gid=4242) and one more member in place of the end marker.
+    offset = 0
+    while raw[offset : offset + 512] != bytes(512):
+        size = int(raw[offset + 124 : offset + 136].strip(b"\0 ") or b"0", 8)
+        offset += 512 + (size + 511) // 512 * 512
+    tail = io.BytesIO()
+    with tarfile.open(fileobj=tail, mode="w", format=tarfile.PAX_FORMAT, pax_headers={"gid": "4242"}) as tar:
+        _add(tar, "c", b"c", uid=9, gid=9)
+    archive.write_bytes(bytes(raw[:offset]) + tail.getvalue())
+    assert archive.read_bytes().count(b"PaxHeader") >= 2
+    extracted = check_archive_against_tar(archive, tmp_path)
+    assert extracted["/a"].uid == 777 and extracted["/a"].mtime_ns == 1_234_500_000_000
+    assert extracted["/b"].uid == 55
+    assert extracted["/c"].gid == 4242 and extracted["/c"].uid == 9  # uid=777 no longer applies
+
+
+def test_gnu_incremental_dumpdirs(tmp_path: Path) -> None:
+    """``--listed-incremental`` archives store directories as 'D' members with a listing as data."""
+    src = tmp_path / "src"
+    write(src / "top" / "a.txt", b"a\n")
+    write(src / "top" / "sub" / "b.txt", b"b\n")
+    (src / "top" / "empty").mkdir()
+    settle_dir_times(src)
+    archive = tmp_path / "incremental.tar"
+    gnu_tar_create(archive, src, "gnu", f"--listed-incremental={tmp_path / 'snapshot'}", members=["top"])
+    raw = archive.read_bytes()
+    assert raw[156:157] == b"D"
+    extracted = check_archive_against_tar(archive, tmp_path)
+    assert extracted["/top/sub"].kind == "d" and extracted["/top/empty"].kind == "d"
+    with ratarmountcore.open(str(archive), FRESH) as s:
+        assert s.listdir("/top") == ["a.txt", "empty", "sub"]
+
+
+def test_contiguous_and_unknown_typeflags(tmp_path: Path) -> None:
+    """'7' (contiguous) and unknown typeflags are extracted as regular files by GNU tar."""
+    archive = tmp_path / "types.tar"
+    with tarfile.open(archive, "w", format=tarfile.USTAR_FORMAT) as tar:
+        _add(tar, "contiguous", b"contiguous data", type=tarfile.CONTTYPE, mode=0o600)
+        _add(tar, "vendor", b"vendor typeflag data", type=b"Z")
+        _add(tar, "after", b"still in sync")
+    raw = archive.read_bytes()
+    assert raw[156:157] == b"7" and raw[1024 + 156 : 1024 + 157] == b"Z"
+    extracted = check_archive_against_tar(archive, tmp_path)
+    assert extracted["/vendor"].kind == "f" and extracted["/contiguous"].kind == "f"
+    with ratarmountcore.open(str(archive), FRESH) as s:
+        assert s.read("/vendor") == b"vendor typeflag data" and s.read("/after") == b"still in sync"
+
+
+@pytest.mark.parametrize("fmt", ["gnu", "pax"])
+def test_type_changes_across_appends(tmp_path: Path, fmt: str) -> None:
+    """Members replaced by a member of another type (tar -r): the last one wins as on disk."""
+    src = tmp_path / "src"
+    src.mkdir()
+    archive = tmp_path / "types.tar"
+    write(src / "file-then-dir", b"was a file")
+    (src / "dir-then-file").mkdir()
+    os.symlink("somewhere", src / "link-then-dir")
+    write(src / "file-then-link", b"was a file too")
+    settle_dir_times(src)
+    gnu_tar_create(archive, src, fmt, members=sorted(os.listdir(src)))
+    for name in ("file-then-dir", "file-then-link"):
+        os.unlink(src / name)
+    os.rmdir(src / "dir-then-file")
+    os.unlink(src / "link-then-dir")
+    (src / "file-then-dir").mkdir()
+    write(src / "dir-then-file", b"now a file")
+    (src / "link-then-dir").mkdir()
+    os.symlink("target", src / "file-then-link")
+    settle_dir_times(src, 1_600_000_000 * 10**9)
+    result = subprocess.run(
+        ["tar", f"--format={fmt}", "--numeric-owner", "-C", str(src), "-rf", str(archive), *sorted(os.listdir(src))],
+        capture_output=True,
+    )
+    assert result.returncode == 0, result.stderr
+    extracted = check_archive_against_tar(archive, tmp_path)
+    assert extracted["/file-then-dir"].kind == "d" and extracted["/dir-then-file"].kind == "f"
+    assert extracted["/link-then-dir"].kind == "d" and extracted["/file-then-link"].kind == "l"
+    with ratarmountcore.open(str(archive), FRESH) as s:
+        assert s.read("/file-then-dir.versions/1") == b"was a file"
+        assert s.info("/dir-then-file.versions/1").is_dir
+
+
+def test_hard_link_to_sparse_file(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    make_sparse(src / "sparse.bin", 50 << 20, [(1 << 20, b"x" * 5000), (30 << 20, os.urandom(9000))])
+    os.link(src / "sparse.bin", src / "hard.bin")
+    settle_dir_times(src)
+    for variant in ("pax", "gnu"):
+        archive = tmp_path / f"hard-sparse-{variant}.tar"
+        result = subprocess.run(
+            ["tar", *SPARSE_VARIANTS[variant], "--numeric-owner", "-C", str(src), "-cf", str(archive), "."],
+            capture_output=True,
+        )
+        assert result.returncode == 0, result.stderr
+        assert archive.stat().st_size < 1 << 20
+        extracted = check_archive_against_tar(archive, tmp_path)
+        assert extracted["/hard.bin"].nlink == 2 and extracted["/hard.bin"].size == 50 << 20

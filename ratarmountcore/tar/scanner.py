@@ -262,8 +262,9 @@ class TarScanner:
                 elif typeflag == b"K":
                     long_link = _cstr(payload)
                 elif typeflag == b"g":
-                    for key, value in parse_pax_records(payload, pos):
-                        self._global_pax[key] = value
+                    # A new global header replaces the previous one as a whole (GNU tar's
+                    # xheader_decode_global drops the old override list).
+                    self._global_pax = dict(parse_pax_records(payload, pos))
                     header_start = None
                 else:
                     pax = (pax or []) + parse_pax_records(payload, pos)
