@@ -119,6 +119,9 @@ def test_basic_tree(tmp_path: Path, fmt: str) -> None:
     # The checks are not vacuous: the interesting members are really there.
     assert extracted["/odd.bin"].nlink == 3
     assert extracted["/dangling"].target == "does/not/exist"
+    with ratarmountcore.open(str(archives[0]), FRESH) as s:
+        assert s.info("/odd.bin").ino == s.info("/dir/hard-odd.bin").ino == s.info("/hard-odd-2.bin").ino
+        assert s.info("/odd.bin").ino != s.info("/setuid").ino
     assert stat.S_IMODE(extracted["/setuid"].mode) == 0o4755
     assert stat.S_IMODE(extracted["/sticky"].mode) == 0o1777
     if IS_ROOT:
@@ -158,8 +161,18 @@ def make_long_name_tree(src: Path) -> Dict[str, str]:
     os.symlink(long_target, src / "long-symlink")
     os.symlink(str(deep / "x.bin"), src / ("s" * 130))
     os.link(src / deep / "x.bin", src / ("hardlink-" + "k" * 140))
+    # Longer than a 512-byte block: multi-block L/K members and pax records.
+    very_deep = Path(*[f"{i}" + "v" * 199 for i in range(7)])
+    write(src / very_deep / "end.txt", b"1400-byte path\n")
+    os.symlink("../" * 200 + "w" * 300, src / "very-long-target")
+    os.link(src / very_deep / "end.txt", src / very_deep.parent / ("hard-" + "y" * 200))
     settle_dir_times(src)
-    return {"long_file": "/" + long_file, "deep": "/" + str(deep / "x.bin"), "long_target": long_target}
+    return {
+        "long_file": "/" + long_file,
+        "deep": "/" + str(deep / "x.bin"),
+        "long_target": long_target,
+        "very_deep": "/" + str(very_deep / "end.txt"),
+    }
 
 
 @pytest.mark.parametrize("fmt", ["gnu", "oldgnu", "pax", "posix", "tarfile-gnu", "tarfile-pax"])
@@ -177,6 +190,7 @@ def test_long_names_and_link_names(tmp_path: Path, fmt: str) -> None:
         assert b" path=" in data and b" linkpath=" in data
     extracted = check_archive_against_tar(archive, tmp_path)
     assert extracted["/long-symlink"].target == names["long_target"]
+    assert extracted[names["very_deep"]].nlink == 2 and len(extracted["/very-long-target"].target or "") == 900
     assert extracted[names["deep"]].nlink == 2
     with ratarmountcore.open(str(archive), FRESH) as s:
         assert s.read(names["long_file"]) == b"long file name\n"
@@ -945,3 +959,39 @@ def test_hard_link_to_sparse_file(tmp_path: Path) -> None:
         assert archive.stat().st_size < 1 << 20
         extracted = check_archive_against_tar(archive, tmp_path)
         assert extracted["/hard.bin"].nlink == 2 and extracted["/hard.bin"].size == 50 << 20
+
+
+@requires_fuse
+@pytest.mark.parametrize("fmt", ["gnu", "pax"])
+def test_basic_tree_through_fuse(tmp_path: Path, fmt: str) -> None:
+    """The same comparison through a real mount with plain os calls (devices, fifos, setuid
+    bits, hard links, dangling symlinks, a sparse file)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    make_basic_tree(src, devices=True)
+    make_sparse(src / "sparse.bin", 100 << 20, [(4096 * 3, b"s" * 10_000), (90 << 20, os.urandom(70_000))])
+    settle_dir_times(src)
+    archive = tmp_path / f"{fmt}.tar"
+    gnu_tar_create(archive, src, fmt, "--sparse")
+    dest = tmp_path / "x"
+    tar_extract(archive, dest)
+    expected = snapshot_dir(dest)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = run_ratarmount(str(archive), str(mnt))
+    assert result.returncode == 0, result.stderr
+    try:
+        actual = snapshot_dir(mnt)
+        assert os.readlink(mnt / "dangling") == "does/not/exist"
+        inodes = {os.lstat(mnt / p).st_ino for p in ("odd.bin", "hard-odd-2.bin", "dir/hard-odd.bin")}
+        assert len(inodes) == 1 and os.lstat(mnt / "odd.bin").st_ino != os.lstat(mnt / "setuid").st_ino
+        with open(mnt / "sparse.bin", "rb") as f:
+            f.seek(90 << 20)
+            assert f.read(70_000) == (dest / "sparse.bin").read_bytes()[90 << 20 : (90 << 20) + 70_000]
+    finally:
+        lazy_unmount(mnt)
+    compare_trees(expected, actual, label=f"{fmt} (FUSE)")
+    if IS_ROOT:
+        assert actual["/null"].kind == "c" and actual["/null"].rdev == os.makedev(1, 3)
+        assert actual["/fifo"].kind == "p"
+    assert actual["/odd.bin"].nlink == 3
