@@ -995,3 +995,19 @@ def test_basic_tree_through_fuse(tmp_path: Path, fmt: str) -> None:
         assert actual["/null"].kind == "c" and actual["/null"].rdev == os.makedev(1, 3)
         assert actual["/fifo"].kind == "p"
     assert actual["/odd.bin"].nlink == 3
+
+
+def test_non_directory_members_named_like_the_root(tmp_path: Path) -> None:
+    """Members named ".", "/" or "./" that are not directories cannot replace the root: GNU tar
+    reports "File exists" and the root stays a folder; so it does here."""
+    archive = tmp_path / "root-names.tar"
+    with tarfile.open(archive, "w") as tar:
+        _add(tar, "a.txt", b"a")
+        _add(tar, ".", b"")
+        _add(tar, "/", type=tarfile.SYMTYPE, linkname="a.txt")
+        _add(tar, "./", type=tarfile.LNKTYPE, linkname="a.txt")
+        _add(tar, "b.txt", b"b")
+    extracted = check_archive_against_tar(archive, tmp_path, tar_status=(2,), check_root=False)
+    assert sorted(extracted) == ["/", "/a.txt", "/b.txt"]
+    with ratarmountcore.open(str(archive), FRESH) as s:
+        assert s.info("/").is_dir and s.listdir("/") == ["a.txt", "b.txt"]

@@ -122,6 +122,11 @@ class IndexWriter:
         path = record.path
         kind = record.kind
         if path == "/":
+            if kind != KIND_DIR:
+                # A file, link or device named ".", "/" or "./": GNU tar cannot put it in place
+                # of the extraction folder ("File exists"), and the root must stay a directory.
+                logger.warning("Ignoring the %s member %r: it would replace the root folder", kind, path)
+                return row_id
             parent, name = b"", b""
         else:
             parent_str, _, name_str = path.rpartition("/")
