@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 import pytest
-from conftest import lazy_unmount, requires_fuse, run_ratarmount
+from conftest import fuse_available, lazy_unmount, requires_fuse, run_ratarmount
 from tarcompare import (
     FRESH,
     IS_ROOT,
@@ -785,6 +785,15 @@ def test_all_zero_archive(tmp_path: Path) -> None:
         assert s.listdir("/") == []
         assert s.info("/").is_dir
         assert not s.exists("/anything")
+    if fuse_available():
+        mnt = tmp_path / "mnt"
+        mnt.mkdir()
+        result = run_ratarmount(str(archive), str(mnt))
+        assert result.returncode == 0, result.stderr
+        try:
+            assert os.path.ismount(mnt) and os.listdir(mnt) == []
+        finally:
+            lazy_unmount(mnt)
 
 
 def test_end_marker_stops_listing(tmp_path: Path) -> None:
