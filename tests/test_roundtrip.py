@@ -10,6 +10,7 @@ names, symlinks (dangling, absolute, long, non-UTF-8 targets), hard links, odd p
 from __future__ import annotations
 
 import os
+import stat
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
@@ -100,7 +101,7 @@ link_targets = st.one_of(
 
 @dataclass
 class Node:
-    kind: str  # d f l h
+    kind: str  # d f l h, and as root c b p (devices, fifos)
     path: Tuple[str, ...]
     mode: int = 0o644
     uid: int = 0
@@ -109,6 +110,7 @@ class Node:
     data: bytes = b""
     target: str = ""  # symlink target
     link_to: Optional[Tuple[str, ...]] = None  # hard link: path of an existing file
+    rdev: int = 0  # devices
 
 
 @dataclass
@@ -130,8 +132,9 @@ def trees(draw: st.DrawFn) -> Tree:
     dirs: List[Tuple[str, ...]] = [()]
     files: List[Tuple[str, ...]] = []
     used: Dict[Tuple[str, ...], set] = {(): set()}
+    special = "cbp" if IS_ROOT else ""
     for _ in range(draw(st.integers(1, 12))):
-        kind = draw(st.sampled_from("dffflhd" if files else "dffld"))
+        kind = draw(st.sampled_from(("dffflhd" if files else "dffld") + special))
         parent = draw(st.sampled_from(dirs))
         name = draw(names)
         raw = os.fsencode(name)
@@ -152,6 +155,10 @@ def trees(draw: st.DrawFn) -> Tree:
             files.append(path)
         elif kind == "l":
             node.target = draw(link_targets)
+        elif kind in "cbp":
+            node.mode = draw(st.sampled_from([0o600, 0o666, 0o640, 0o000]))
+            if kind != "p":
+                node.rdev = os.makedev(draw(st.integers(0, 4095)), draw(st.integers(0, (1 << 20) - 1)))
         else:
             node.link_to = draw(st.sampled_from(files))
         tree.nodes.append(node)
@@ -169,6 +176,10 @@ def materialize(tree: Tree, root: Path) -> int:
             full.write_bytes(node.data)
         elif node.kind == "l":
             os.symlink(node.target, full)
+        elif node.kind in "cb":
+            os.mknod(full, 0o600 | (stat.S_IFCHR if node.kind == "c" else stat.S_IFBLK), node.rdev)
+        elif node.kind == "p":
+            os.mkfifo(full, 0o600)
         else:
             assert node.link_to is not None
             os.link(root.joinpath(*node.link_to), full)
