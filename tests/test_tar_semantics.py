@@ -761,7 +761,8 @@ def test_hard_links_follow_extraction_order(tmp_path: Path) -> None:
         _add(tar, "h3", type=tarfile.LNKTYPE, linkname="f")
         _add(tar, "s", type=tarfile.SYMTYPE, linkname="f", mode=0o777)
         _add(tar, "hs", type=tarfile.LNKTYPE, linkname="s")  # hard link to a symlink
-        _add(tar, "x", b"will be shadowed")
+        _add(tar, "s644", type=tarfile.SYMTYPE, linkname="f", mode=0o644)  # symlinks are 0o777 on disk
+        _add(tar, "x", b"stays")
         _add(tar, "x", type=tarfile.LNKTYPE, linkname="missing-target")  # fails in tar: x stays
     dest = tmp_path / "x"
     result = tar_extract(archive, dest, check=False)
@@ -772,7 +773,8 @@ def test_hard_links_follow_extraction_order(tmp_path: Path) -> None:
         assert s.read("/h2") == b"first" and s.info("/h2").nlink == 2
         assert s.read("/h3") == b"second version" and s.info("/f").nlink == 2
         assert s.readlink("/hs") == "f"
-        assert s.read("/x") == b"will be shadowed"
+        assert s.read("/x") == b"stays"
+        assert stat.S_IMODE(s.info("/s644").mode) == 0o777
 
 
 def test_all_zero_archive(tmp_path: Path) -> None:
