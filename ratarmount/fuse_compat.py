@@ -33,6 +33,7 @@ else:
 
 FUSE_READDIR_PLUS = 1
 FUSE_FILL_DIR_PLUS = 2
+FUSE_UNKNOWN_INO = 0xFFFFFFFF  # libfuse's "no inode number": it picks one
 
 
 def libfuse_version() -> str:
@@ -59,6 +60,14 @@ if fuse is not None:
                 self._pinned.add(ident)
             return super()._wrapper(func, *args, **kwargs)
 
+        def fgetattr(self, path: Optional[bytes], buf: Any, fip: Any) -> int:
+            """getattr without the attribute dict: fill the C struct straight from the FileInfo."""
+            info = self.operations.stat_info(None if path is None else path.decode(self.encoding, self.errors))
+            st = buf.contents
+            ctypes.memset(buf, 0, ctypes.sizeof(st))
+            fill_stat(st, info)
+            return 0
+
         def readdir_fuse_3(
             self, path: Optional[bytes], buf: Any, filler: Any, offset: int, fip: Any, flags: int
         ) -> int:
@@ -66,19 +75,41 @@ if fuse is not None:
 
             With offsets, libfuse hands each entry's attributes straight to the kernel (the
             offset-less mode drops them), so a READDIRPLUS fills the kernel's dentry and
-            attribute caches and the stats that follow a listing never reach us.
+            attribute caches and the stats that follow a listing never reach us. A plain READDIR
+            (the kernel alternates when nobody stats the entries) gets only the file type.
             """
             plus = bool(flags & FUSE_READDIR_PLUS)
             listing = self.operations.listing(fip.contents.fh)
             st = fuse.c_stat()
+            encoding, errors = self.encoding, self.errors
             for position in range(offset, len(listing)):
-                name, attrs = listing[position]
-                ctypes.memset(ctypes.byref(st), 0, ctypes.sizeof(st))
-                fuse.set_st_attrs(st, attrs, use_ns=True)
-                fill_flags = FUSE_FILL_DIR_PLUS if plus and name not in (".", "..") else 0
-                if filler(buf, name.encode(self.encoding, self.errors), st, position + 1, fill_flags):
+                name, info = listing[position]
+                if plus and info is not None:
+                    ctypes.memset(ctypes.byref(st), 0, ctypes.sizeof(st))
+                    fill_stat(st, info)
+                    fill_flags = FUSE_FILL_DIR_PLUS
+                else:  # type and inode only (an inode of 0 would hide the entry from readdir(3))
+                    st.st_mode = info.mode if info is not None else 0o40755
+                    st.st_ino = info.ino if info is not None and info.ino else FUSE_UNKNOWN_INO
+                    fill_flags = 0
+                if filler(buf, name.encode(encoding, errors), st, position + 1, fill_flags):
                     break
             return 0
+
+    def fill_stat(st: Any, info: Any) -> None:
+        st.st_mode = info.mode
+        st.st_ino = info.ino
+        st.st_nlink = info.nlink
+        st.st_uid = info.uid
+        st.st_gid = info.gid
+        st.st_size = info.size
+        st.st_rdev = info.rdev
+        st.st_blksize = 4096
+        st.st_blocks = (info.size + 511) // 512
+        seconds, nanoseconds = divmod(info.mtime_ns, 1_000_000_000)
+        for spec in (st.st_mtimespec, st.st_atimespec, st.st_ctimespec):
+            spec.tv_sec = seconds
+            spec.tv_nsec = nanoseconds
 
 else:  # pragma: no cover
     FUSE = None  # type: ignore[assignment,misc]

@@ -78,7 +78,7 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
         self.source = source
         self._on_ready = on_ready
         self._handles: Dict[int, MemberFile] = {}
-        self._listings: Dict[int, List[Tuple[str, Dict[str, int]]]] = {}
+        self._listings: Dict[int, List[Tuple[str, Optional[FileInfo]]]] = {}
         self._next_handle = itertools.count(1)
 
     def _info(self, path: str) -> FileInfo:
@@ -99,25 +99,28 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
         return info_to_attrs(self._info(path))
 
     @translate_errors
+    def stat_info(self, path: str) -> FileInfo:
+        return self._info(path)
+
+    @translate_errors
     def opendir(self, path: str) -> int:
         entries = self.source.list_entries(normalize(path))
         if entries is None:
             self._info(path)
             raise fuse.FuseOSError(errno.ENOTDIR)
-        own = info_to_attrs(self._info(path))
-        listing: List[Tuple[str, Dict[str, int]]] = [(".", own), ("..", {"st_mode": 0o40755})]
-        listing.extend((name, info_to_attrs(info)) for name, info in entries)
+        listing: List[Tuple[str, Optional[FileInfo]]] = [(".", self._info(path)), ("..", None)]
+        listing.extend(entries)
         handle = next(self._next_handle)
         self._listings[handle] = listing
         return handle
 
-    def listing(self, fh: int) -> List[Tuple[str, Dict[str, int]]]:
+    def listing(self, fh: int) -> List[Tuple[str, Optional[FileInfo]]]:
         return self._listings.get(fh, [])
 
     @translate_errors
     def readdir(self, path: str, fh: int) -> Iterable[Union[str, Tuple[str, Dict[str, int], int]]]:
         """Used by libfuse 2 only; libfuse 3 goes through ``fuse_compat.FUSE.readdir_fuse_3``."""
-        return [(name, attrs, 0) for name, attrs in self.listing(fh)]
+        return [(name, info_to_attrs(info) if info else {"st_mode": 0o40755}, 0) for name, info in self.listing(fh)]
 
     def releasedir(self, path: str, fh: int) -> int:
         self._listings.pop(fh, None)

@@ -61,13 +61,37 @@ class FileWindow:
 
 
 class ReaderStream(io.RawIOBase):
-    """A seekable file object over a ``RandomAccessReader`` (for scanning and streaming)."""
+    """A seekable file object over a ``RandomAccessReader`` for scanning.
 
-    def __init__(self, reader: RandomAccessReader, size: Optional[int] = None) -> None:
+    Reads go through a read-ahead window of ``read_ahead`` bytes: headers of small members that
+    lie close together cost one ``pread`` per window, while a seek over a large member's data
+    reads nothing of it (a ``BufferedReader`` would refill its whole buffer on every seek and so
+    read the entire archive).
+    """
+
+    def __init__(self, reader: RandomAccessReader, size: Optional[int] = None, read_ahead: int = 64 * 1024) -> None:
         super().__init__()
         self._reader = reader
         self._size = size
         self._pos = 0
+        self._read_ahead = read_ahead
+        self._window = b""
+        self._window_start = 0
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            size = max(0, self._total_size() - self._pos)
+        start = self._pos - self._window_start
+        if 0 <= start and start + size <= len(self._window):
+            data = self._window[start : start + size]
+        elif size >= self._read_ahead:
+            data = self._reader.pread(self._pos, size)
+        else:
+            self._window = self._reader.pread(self._pos, self._read_ahead)
+            self._window_start = self._pos
+            data = self._window[:size]
+        self._pos += len(data)
+        return data
 
     def readable(self) -> bool:
         return True

@@ -9,7 +9,6 @@ a second union mount opens it directly.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import os
@@ -120,12 +119,12 @@ class UnionSource(MountSource):
     # --- MountSource --------------------------------------------------------------------------
     def _wrap(self, number: int, info: FileInfo) -> FileInfo:
         ino = info.ino if info.ino <= 1 and number == 0 else (number << INO_SHIFT) | info.ino
-        return dataclasses.replace(info, ino=ino if info.ino else 0, locator=UnionLocator(number, info))
+        return info._replace(ino=ino if info.ino else 0, locator=UnionLocator(number, info))
 
     def lookup(self, path: str) -> Optional[FileInfo]:
         if path == "/":
             info = self.sources[-1].lookup("/")
-            return None if info is None else dataclasses.replace(info, ino=1, locator=None)
+            return None if info is None else info._replace(ino=1, locator=None)
         number = self._winner(path)
         if number is not None:
             info = self.sources[number].lookup(path)

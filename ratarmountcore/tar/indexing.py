@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import io
 import logging
 import stat
 from dataclasses import dataclass, field
@@ -124,7 +123,7 @@ def _scan(
 ) -> None:
     """Scan one (possibly inner) archive. ``base`` is the offset of ``reader``'s byte 0 in the
     stream that ``source`` names (0: the top-level stream)."""
-    stream = io.BufferedReader(ReaderStream(reader, size), buffer_size=1 << 20)  # type: ignore[arg-type]
+    stream = ReaderStream(reader, size)
     progress = ctx.on_progress if depth == 0 else None
     for record in TarScanner(stream, ctx.label, progress):  # type: ignore[arg-type]
         if prefix:
