@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
 from ratarmountcore.errors import RatarmountError
 from ratarmountcore.io.readers import MemberFile
-from ratarmountcore.sources.base import FileInfo, MountSource, normalize
+from ratarmountcore.sources.base import FileInfo, MountSource
 
 from .fuse_compat import fuse
 
@@ -80,9 +80,15 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
         self._handles: Dict[int, MemberFile] = {}
         self._listings: Dict[int, List[Tuple[str, Optional[FileInfo]]]] = {}
         self._next_handle = itertools.count(1)
+        # libfuse asks for the same path several times in a row (LOOKUP, then OPEN); an immutable
+        # tree lets us remember answers, misses included. Paths from libfuse are already
+        # absolute and normalized.
+        self._lookup: Callable[[str], Optional[FileInfo]] = (
+            functools.lru_cache(maxsize=4096)(source.lookup) if source.is_immutable else source.lookup
+        )
 
     def _info(self, path: str) -> FileInfo:
-        info = self.source.lookup(normalize(path))
+        info = self._lookup(path)
         if info is None:
             raise fuse.FuseOSError(errno.ENOENT)
         return info
@@ -104,7 +110,7 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
 
     @translate_errors
     def opendir(self, path: str) -> int:
-        entries = self.source.list_entries(normalize(path))
+        entries = self.source.list_entries(path)
         if entries is None:
             self._info(path)
             raise fuse.FuseOSError(errno.ENOTDIR)
