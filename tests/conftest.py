@@ -43,7 +43,9 @@ class Mounter:
         self.tmp_path = tmp_path
         self.mounts: List[Path] = []
 
-    def mount(self, *sources: os.PathLike, extra: Optional[List[str]] = None, mountpoint: Optional[Path] = None) -> Path:
+    def mount(
+        self, *sources: os.PathLike, extra: Optional[List[str]] = None, mountpoint: Optional[Path] = None
+    ) -> Path:
         if mountpoint is None:
             mountpoint = self.tmp_path / f"mnt{len(self.mounts)}"
             mountpoint.mkdir()

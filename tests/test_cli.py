@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Dict
 
 import pytest
-
 from conftest import RATARMOUNT, Mounter, lazy_unmount, requires_fuse, run_ratarmount
 
 
@@ -130,7 +129,9 @@ def test_index_in_cache_when_archive_folder_not_writable(tmp_path: Path, private
 
 
 @requires_fuse
-def test_index_beside_read_only_archive_goes_to_home_cache(mounter: Mounter, tmp_path: Path, private_home: Path) -> None:
+def test_index_beside_read_only_archive_goes_to_home_cache(
+    mounter: Mounter, tmp_path: Path, private_home: Path
+) -> None:
     """An archive inside a read-only mount gets its index in ~/.cache/ratarmount."""
     outer = make_tar(tmp_path / "outer.tar", {})
     inner_dir = tmp_path / "inner"
@@ -241,9 +242,6 @@ def _check_unreadable(public: Path, original: Path) -> None:
     mnt.mkdir()
     err = public / "stderr.txt"
     # The interpreter's own files may be unreadable for 'nobody': import everything first.
-    import ratarmount.cli
-    import ratarmount.fuse_ops
-    import ratarmount.mount
     import ratarmountcore.compression.registry
     import ratarmountcore.sources.factory  # noqa: F401
 
@@ -292,8 +290,12 @@ def test_bad_mountpoint(mounter: Mounter, tmp_path: Path, archive: Path, problem
         mounter.mount(archive, mountpoint=mnt)
     result = run_ratarmount(str(archive), str(mnt))
     assert result.returncode != 0
-    words = {"missing": "does not exist", "not_empty": "not empty", "file": "not a directory",
-             "already_mounted": "already a mount point"}
+    words = {
+        "missing": "does not exist",
+        "not_empty": "not empty",
+        "file": "not a directory",
+        "already_mounted": "already a mount point",
+    }
     assert words[problem] in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 

@@ -31,8 +31,10 @@ def test_lookups_and_listings_use_the_path_index(tmp_path: Path) -> None:
         index_path = src.index_path  # type: ignore[attr-defined]
     conn = sqlite3.connect(index_path)
     for sql, params in (
-        (f"SELECT {ROW_COLUMNS} FROM files WHERE parent = ? AND name = ? AND latest = 1 ORDER BY id DESC LIMIT 1",
-         (b"/d1", b"f1")),
+        (
+            f"SELECT {ROW_COLUMNS} FROM files WHERE parent = ? AND name = ? AND latest = 1 ORDER BY id DESC LIMIT 1",
+            (b"/d1", b"f1"),
+        ),
         (f"SELECT {ROW_COLUMNS} FROM files WHERE parent = ? AND latest = 1", (b"/d1",)),
     ):
         plan = " ".join(str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params))

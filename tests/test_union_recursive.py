@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Dict, List
 
 import pytest
+from conftest import Mounter
 
 import ratarmountcore
-from conftest import Mounter
 from ratarmountcore.options import OpenOptions
 from ratarmountcore.sources.union import UnionSource
 
@@ -115,7 +115,7 @@ def test_recursive_archives_via_api(tmp_path: Path) -> None:
         found = {}
         for folder, _dirs, files in src.walk("/"):
             for name in files:
-                path = (folder.rstrip("/") + "/" + name)
+                path = folder.rstrip("/") + "/" + name
                 found[path] = src.read(path)
         assert found == expected
         assert src.is_dir("/train/n0001.tar")
@@ -140,7 +140,7 @@ def test_recursive_and_union_through_fuse(mounter: Mounter, tmp_path: Path) -> N
         for name in files:
             path = os.path.join(root, name)
             with open(path, "rb") as f:
-                found[path[len(str(mnt)):]] = f.read()
+                found[path[len(str(mnt)) :]] = f.read()
     assert found == expected
 
 
@@ -150,7 +150,9 @@ def compress(data: bytes, tool: str) -> bytes:
     return subprocess.run([tool, "-c"], input=data, capture_output=True, check=True).stdout
 
 
-@pytest.mark.parametrize("tool,suffix", [("gzip", "tar.gz"), ("bzip2", "tar.bz2"), ("xz", "tar.xz"), ("zstd", "tar.zst")])
+@pytest.mark.parametrize(
+    "tool,suffix", [("gzip", "tar.gz"), ("bzip2", "tar.bz2"), ("xz", "tar.xz"), ("zstd", "tar.zst")]
+)
 def test_recursive_compressed_inner_archives(tmp_path: Path, tool: str, suffix: str) -> None:
     classes = {f"n{c:04}": {f"img{i}.JPEG": os.urandom(3000 + 100 * i) for i in range(6)} for c in range(3)}
     outer = {f"train/{synset}.{suffix}": compress(tar_bytes(files), tool) for synset, files in classes.items()}
