@@ -60,6 +60,12 @@ if fuse is not None:
                 self._pinned.add(ident)
             return super()._wrapper(func, *args, **kwargs)
 
+        def read(self, path: Optional[bytes], buf: Any, size: int, offset: int, fip: Any) -> int:
+            """Read straight into libfuse's buffer (no bytes object, no extra copy)."""
+            address = ctypes.cast(buf, ctypes.c_void_p).value
+            view = memoryview((ctypes.c_char * size).from_address(address)).cast("B")  # type: ignore[arg-type]
+            return int(self.operations.read_into(view, offset, fip.contents.fh))
+
         def fgetattr(self, path: Optional[bytes], buf: Any, fip: Any) -> int:
             """getattr without the attribute dict: fill the C struct straight from the FileInfo."""
             info = self.operations.stat_info(None if path is None else path.decode(self.encoding, self.errors))

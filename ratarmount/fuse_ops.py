@@ -151,6 +151,13 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
         return handle
 
     @translate_errors
+    def read_into(self, view: memoryview, offset: int, fh: int) -> int:
+        member = self._handles.get(fh)
+        if member is None:
+            raise fuse.FuseOSError(errno.EBADF)
+        return member.preadinto(offset, view)
+
+    @translate_errors
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         member = self._handles.get(fh)
         if member is None:

@@ -242,8 +242,17 @@ def _check_unreadable(public: Path, original: Path) -> None:
     mnt.mkdir()
     err = public / "stderr.txt"
     # The interpreter's own files may be unreadable for 'nobody': import everything first.
-    import ratarmountcore.compression.registry
-    import ratarmountcore.sources.factory  # noqa: F401
+    import importlib
+
+    for module in (
+        "ratarmount.cli",
+        "ratarmount.fuse_ops",
+        "ratarmount.mount",
+        "ratarmountcore.compression.registry",
+        "ratarmountcore.sources.factory",
+        "traceback",
+    ):
+        importlib.import_module(module)
 
     pid = os.fork()
     if pid == 0:
@@ -257,6 +266,10 @@ def _check_unreadable(public: Path, original: Path) -> None:
             from ratarmount.cli import main
 
             code = main(["-f", str(archive), str(mnt)])
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
         finally:
             sys.stderr.flush()
             os._exit(code)

@@ -21,6 +21,36 @@ class RandomAccessReader(Protocol):
     def close(self) -> None: ...
 
 
+#: Linux returns at most this much from one read system call.
+MAX_SYSCALL_READ = 0x7FFFF000
+
+
+def preadinto_fd(fd: int, offset: int, view: memoryview) -> int:
+    """Fill ``view`` from ``fd`` at ``offset`` without allocating; returns the bytes read
+    (fewer only at end of file)."""
+    done = 0
+    total = len(view)
+    while done < total:
+        count = os.preadv(fd, [view[done : done + MAX_SYSCALL_READ]], offset + done)
+        if count == 0:
+            break
+        done += count
+    return done
+
+
+def preadinto(reader: "RandomAccessReader", offset: int, view: memoryview) -> int:
+    """``reader.pread`` into a caller's buffer: straight from the file for uncompressed data
+    (no allocation, no copy), through ``pread`` otherwise."""
+    if isinstance(reader, PlainFileReader):
+        return preadinto_fd(reader.fd, offset, view[: max(0, min(len(view), reader.size - offset))])
+    if isinstance(reader, FileWindow):
+        length = max(0, min(len(view), reader.size - offset))
+        return preadinto_fd(reader.fd, reader.offset + offset, view[:length])
+    data = reader.pread(offset, len(view))
+    view[: len(data)] = data
+    return len(data)
+
+
 class PlainFileReader:
     """``pread`` on a file descriptor."""
 
@@ -33,7 +63,10 @@ class PlainFileReader:
         self.size = os.fstat(self.fd).st_size
 
     def pread(self, offset: int, size: int) -> bytes:
-        return os.pread(self.fd, size, offset)
+        if size <= MAX_SYSCALL_READ:
+            return os.pread(self.fd, size, offset)
+        buffer = bytearray(size)
+        return bytes(buffer[: preadinto_fd(self.fd, offset, memoryview(buffer))])
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -54,7 +87,11 @@ class FileWindow:
     def pread(self, offset: int, size: int) -> bytes:
         if offset >= self.size:
             return b""
-        return os.pread(self.fd, min(size, self.size - offset), self.offset + offset)
+        size = min(size, self.size - offset)
+        if size <= MAX_SYSCALL_READ:
+            return os.pread(self.fd, size, self.offset + offset)
+        buffer = bytearray(size)
+        return bytes(buffer[: preadinto_fd(self.fd, self.offset + offset, memoryview(buffer))])
 
     def close(self) -> None:
         """The descriptor belongs to the outer archive."""
@@ -186,6 +223,20 @@ class MemberFile(io.RawIOBase):
                 raise OSError(f"short read from archive at offset {self._offset + offset}")
             return data
         return self._pread_sparse(offset, size)
+
+    def preadinto(self, offset: int, view: memoryview) -> int:
+        """Like ``pread`` into ``view`` (used by FUSE to fill libfuse's buffer directly)."""
+        if offset >= self._size or not len(view):
+            return 0
+        size = min(len(view), self._size - offset)
+        if self._extents:
+            data = self._pread_sparse(offset, size)
+            view[:size] = data
+            return size
+        count = preadinto(self._reader, self._offset + offset, view[:size])
+        if count != size:
+            raise OSError(f"short read from archive at offset {self._offset + offset}")
+        return count
 
     def _pread_sparse(self, offset: int, size: int) -> bytes:
         out = bytearray(size)  # zeros for holes
