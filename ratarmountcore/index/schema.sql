@@ -23,7 +23,7 @@ CREATE TABLE IF NOT EXISTS files (
     nlink         INTEGER NOT NULL DEFAULT 1,
     ino           INTEGER NOT NULL DEFAULT 0,   -- shared by hard links to the same data
     linkname      BLOB    NOT NULL DEFAULT x'',
-    offset_header INTEGER NOT NULL,
+    offset_header INTEGER NOT NULL,   -- -1 for folders only implied by member paths
     offset_data   INTEGER NOT NULL,
     sparse        BLOB,                         -- packed (offset, length) int64 pairs, or NULL
     rdev          INTEGER NOT NULL DEFAULT 0,

@@ -25,7 +25,9 @@ from .pool import ConnectionPool
 logger = logging.getLogger(__name__)
 
 #: Bump when the schema or the meaning of a column changes; older indexes are rebuilt.
-FORMAT_VERSION = "3"
+FORMAT_VERSION = "4"
+#: ``offset_header`` of folders that no member names, only member paths imply.
+IMPLICIT = -1
 
 ROW_COLUMNS = (
     "id, parent, name, kind, mode, size, mtime_ns, uid, gid, nlink, ino, linkname, offset_data, sparse, rdev, source"
@@ -250,7 +252,7 @@ class IndexWriter:
             if exists is None:
                 row_id = self._next_id
                 self._next_id += 1
-                rows.append((row_id, parent, name, "d", 0o40755, 0, mtime_ns, uid, gid, row_id, 0, 0))
+                rows.append((row_id, parent, name, "d", 0o40755, 0, mtime_ns, uid, gid, row_id, IMPLICIT, 0))
         self._conn.executemany(
             "INSERT INTO files (id, parent, name, kind, mode, size, mtime_ns, uid, gid, ino, offset_header, "
             "offset_data) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",

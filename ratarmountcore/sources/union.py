@@ -18,13 +18,13 @@ import uuid
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from ..index.pool import ConnectionPool, read_only_uri
-from ..index.sqlite_index import encode, split_path
+from ..index.sqlite_index import IMPLICIT, encode, split_path
 from ..io.readers import MemberFile
 from .base import FileInfo, MountSource
 
 logger = logging.getLogger(__name__)
 
-UNION_FORMAT = "1"
+UNION_FORMAT = "2"
 INO_SHIFT = 40
 
 
@@ -90,10 +90,17 @@ class UnionSource(MountSource):
             index_path = getattr(source, "index_path", None)
             if index_path:
                 conn.execute("ATTACH DATABASE ? AS src", (read_only_uri(index_path),))
+                # Members replace what earlier sources have; folders that are only implied by
+                # member paths never replace anything.
                 conn.execute(
                     "INSERT OR REPLACE INTO entries (parent, name, source) "
-                    "SELECT parent, name, ? FROM src.files WHERE latest = 1 AND name != x''",
-                    (number,),
+                    "SELECT parent, name, ? FROM src.files WHERE latest = 1 AND name != x'' AND offset_header != ?",
+                    (number, IMPLICIT),
+                )
+                conn.execute(
+                    "INSERT OR IGNORE INTO entries (parent, name, source) "
+                    "SELECT parent, name, ? FROM src.files WHERE latest = 1 AND name != x'' AND offset_header = ?",
+                    (number, IMPLICIT),
                 )
                 conn.execute("DETACH DATABASE src")
             else:

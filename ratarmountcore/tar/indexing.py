@@ -28,7 +28,7 @@ from ..index.sqlite_index import IndexWriter
 from ..io.readers import FileWindow, RandomAccessReader, ReaderStream
 from ..options import CompressionOptions
 from ..progress import Progress
-from .scanner import BLOCK, KIND_DIR, KIND_FILE, MemberRecord, TarScanner
+from .scanner import BLOCK, KIND_DIR, KIND_FILE, KIND_HARDLINK, MemberRecord, TarScanner
 
 if TYPE_CHECKING:
     from ..compression.base import CompressedReader
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_DEPTH = 8
+#: The smallest member worth sniffing: an empty gzip file is 20 bytes.
+MIN_ARCHIVE_SIZE = 18
 
 
 class WindowReader:
@@ -130,6 +132,8 @@ def _scan(
             record.path = prefix + record.path if record.path != "/" else prefix
             if record.path == prefix:
                 continue  # the inner archive's own "./" entry: the folder is the member itself
+            if record.kind == KIND_HARDLINK:  # its target is a path of the inner archive too
+                record.linkname = prefix + record.linkname if record.linkname != "/" else prefix
         record.offset_header += base
         record.offset_data += base
         if not (
@@ -137,14 +141,14 @@ def _scan(
             and depth < MAX_DEPTH
             and record.kind == KIND_FILE
             and record.sparse is None
-            and record.size >= 2 * BLOCK
+            and record.size >= MIN_ARCHIVE_SIZE
         ):
             ctx.writer.add(record, source)
             ctx.count += 1
             continue
-        head = reader.pread(record.offset_data - base, BLOCK)
+        head = reader.pread(record.offset_data - base, min(BLOCK, record.size))
         fmt = sniff_bytes(head)
-        if fmt is FormatId.TAR and head != b"\0" * BLOCK:
+        if fmt is FormatId.TAR and record.size >= 2 * BLOCK and head != b"\0" * BLOCK:
             ctx.writer.add(_as_folder(record), source)
             ctx.count += 1
             inner = WindowReader(reader, record.offset_data - base, record.size)
