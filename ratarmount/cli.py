@@ -109,8 +109,9 @@ def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         seek_point_spacing=max(1, int(args.seek_point_spacing * 1024 * 1024)),
     )
     return MountOptions(
-        sources=args.paths[:-1],
-        mountpoint=args.paths[-1],
+        # Absolute: libfuse changes the working directory to "/" once it runs.
+        sources=[os.path.abspath(p) for p in args.paths[:-1]],
+        mountpoint=os.path.abspath(args.paths[-1]),
         open_options=OpenOptions(index=index, compression=compression, recursive=args.recursive),
         foreground=args.foreground,
         debug=args.debug,

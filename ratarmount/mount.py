@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from typing import Callable, Dict, Optional, Union
 
 from ratarmountcore.errors import RatarmountError
@@ -122,14 +123,25 @@ def _daemonize(options: MountOptions) -> int:
             if options.debug == 0:
                 os.dup2(write_end, 2)
 
-        def on_ready() -> None:
+        def confirm_and_detach() -> None:
+            # libfuse calls init before it has checked the negotiated settings; it may still
+            # give up. A stat of our own mount point is answered only once the session really
+            # serves requests, so readiness is reported after it.
             try:
+                os.stat(options.mountpoint)
+                if not os.path.ismount(options.mountpoint):
+                    logger.debug("%s is not a mount point after init", options.mountpoint)
+                    return
                 os.write(write_end, READY)
-            except OSError:
-                pass
+            except OSError as exc:
+                logger.debug("Checking the new mount failed: %s", exc)
+                return
             if options.debug == 0:
                 _detach_stdio()
             os.close(write_end)
+
+        def on_ready() -> None:
+            threading.Thread(target=confirm_and_detach, name="ratarmount-ready", daemon=True).start()
 
         try:
             run_fuse(options, on_ready, before_mount)

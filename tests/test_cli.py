@@ -391,3 +391,32 @@ def test_no_progress_bar_when_not_a_terminal(tmp_path: Path) -> None:
     code = f"import ratarmountcore; ratarmountcore.open({str(archive)!r}).close()"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0 and result.stderr == ""
+
+
+@requires_fuse
+def test_relative_paths(mounter: Mounter, tmp_path: Path, archive: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """libfuse changes to "/" once running: relative archive and mount point paths still work."""
+    (tmp_path / "rel").mkdir()
+    result = subprocess.run([*RATARMOUNT, archive.name, "rel"], cwd=tmp_path, capture_output=True, text=True)
+    mounter.mounts.append(tmp_path / "rel")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "rel/folder1/file4.txt").read_bytes() == FILES["folder1/file4.txt"]
+
+
+@requires_fuse
+def test_mount_that_libfuse_rejects_after_init_fails(tmp_path: Path, archive: Path) -> None:
+    """libfuse may still give up after calling init (here: a max_read it cannot honour); the
+    command must then fail with libfuse's message instead of reporting a mount that is gone."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        result = run_ratarmount("-o", "max_read=1048576", str(archive), str(mnt))
+    finally:
+        lazy_unmount(mnt)
+    from ratarmount.fuse_compat import libfuse_version
+
+    if not libfuse_version().startswith("3"):
+        pytest.skip("libfuse 2 accepts this option")
+    assert result.returncode == 1
+    assert "maximum read size" in result.stderr and "Traceback" not in result.stderr
+    assert not os.path.ismount(mnt)
