@@ -106,7 +106,7 @@ class ReaderStream(io.RawIOBase):
     read the entire archive).
     """
 
-    def __init__(self, reader: RandomAccessReader, size: Optional[int] = None, read_ahead: int = 64 * 1024) -> None:
+    def __init__(self, reader: RandomAccessReader, size: Optional[int] = None, read_ahead: int = 16 * 1024) -> None:
         super().__init__()
         self._reader = reader
         self._size = size
