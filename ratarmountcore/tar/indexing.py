@@ -125,7 +125,10 @@ def _scan(
 ) -> None:
     """Scan one (possibly inner) archive. ``base`` is the offset of ``reader``'s byte 0 in the
     stream that ``source`` names (0: the top-level stream)."""
-    stream = ReaderStream(reader, size)
+    # Uncompressed bytes on disk: read little around each header and skip data for free.
+    # Decompressed streams must be produced in order anyway: read them in large pieces.
+    plain = ctx.fd is not None and source == 0
+    stream = ReaderStream(reader, size, read_ahead=16 * 1024 if plain else 1024 * 1024)
     progress = ctx.on_progress if depth == 0 else None
     for record in TarScanner(stream, ctx.label, progress):  # type: ignore[arg-type]
         if prefix:
