@@ -67,9 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--seek-point-spacing",
         "--gzip-seek-point-spacing",
         type=float,
-        default=4.0,
+        default=1.0,
         metavar="MiB",
-        help="distance between decompressor seek points stored in the index, in MiB (default 4)",
+        help="distance between decompressor seek points stored in the index, in MiB (default 1)",
     )
     parser.add_argument("--version", action="store_true", help="print versions of ratarmount and its backends")
     parser.add_argument(

@@ -27,7 +27,7 @@ class CompressionOptions:
     #: Preferred gzip backend: "rapidgzip" or "indexed_gzip" (None: best available).
     gzip_backend: Optional[str] = None
     #: Spacing of decompressor seek points in bytes of decompressed data.
-    seek_point_spacing: int = 4 * 1024 * 1024
+    seek_point_spacing: int = 1024 * 1024
 
     def threads(self) -> int:
         return self.parallelization if self.parallelization > 0 else (os.cpu_count() or 1)
