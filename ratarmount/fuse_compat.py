@@ -91,8 +91,7 @@ if fuse is not None:
             for position in range(offset, len(listing)):
                 name, info = listing[position]
                 if plus and info is not None:
-                    ctypes.memset(ctypes.byref(st), 0, ctypes.sizeof(st))
-                    fill_stat(st, info)
+                    fill_stat(st, info)  # sets every field that is not always zero
                     fill_flags = FUSE_FILL_DIR_PLUS
                 else:  # type and inode only (an inode of 0 would hide the entry from readdir(3))
                     st.st_mode = info.mode if info is not None else 0o40755
@@ -113,9 +112,8 @@ if fuse is not None:
         st.st_blksize = 4096
         st.st_blocks = (info.size + 511) // 512
         seconds, nanoseconds = divmod(info.mtime_ns, 1_000_000_000)
-        for spec in (st.st_mtimespec, st.st_atimespec, st.st_ctimespec):
-            spec.tv_sec = seconds
-            spec.tv_nsec = nanoseconds
+        st.st_mtimespec.tv_sec = st.st_atimespec.tv_sec = st.st_ctimespec.tv_sec = seconds
+        st.st_mtimespec.tv_nsec = st.st_atimespec.tv_nsec = st.st_ctimespec.tv_nsec = nanoseconds
 
 else:  # pragma: no cover
     FUSE = None  # type: ignore[assignment,misc]
