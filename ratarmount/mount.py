@@ -9,6 +9,7 @@ error message for the parent to print; EOF without the NUL byte means the child 
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import sys
@@ -49,6 +50,22 @@ def fuse_kwargs(options: MountOptions, source_label: str) -> Dict[str, Union[str
     return kwargs
 
 
+def _tame_malloc() -> None:
+    """Give freed decompression buffers back to the OS.
+
+    glibc raises its mmap threshold each time a large block is freed, after which multi-MiB
+    buffers (decoded frames, chunks) come from per-thread heaps that never shrink: a daemon that
+    served a few concurrent reads keeps hundreds of MiB. A fixed threshold (which also turns the
+    dynamic adjustment off) and two arenas keep the resident size close to what is in use.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, 256 * 1024)  # M_MMAP_THRESHOLD
+        libc.mallopt(-8, 2)  # M_ARENA_MAX
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def run_fuse(
     options: MountOptions,
     on_ready: Optional[Callable[[], None]],
@@ -59,6 +76,7 @@ def run_fuse(
 
     if FUSE is None:
         raise RatarmountError(f"the FUSE binding mfusepy cannot be loaded: {IMPORT_ERROR}")
+    _tame_malloc()
     source = open_source(options.sources, options.open_options)
     label = os.path.basename(options.sources[0]) + ("" if len(options.sources) == 1 else ",...")
     try:

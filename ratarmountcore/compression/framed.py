@@ -94,7 +94,7 @@ class FrameStream:
 
 
 #: Decoded frames kept across all readers of the process.
-FRAME_CACHE_BYTES = 128 * 1024 * 1024
+FRAME_CACHE_BYTES = 32 * 1024 * 1024
 
 
 class FrameCache:
