@@ -506,11 +506,13 @@ class Tool:
     def root(self) -> str:
         return self.mountpoint
 
-    def mount(self, timeout: float, measure_rss: bool = False) -> MountResult:
+    def mount(self, timeout: float, measure_rss: bool = False, kill_after: Optional[float] = None) -> MountResult:
         """Run the mount command; the time runs until it returned AND the mount point is a mount.
 
         With ``measure_rss`` the command runs under LAUNCHER (a small Python process, ~15 ms of
-        start-up added to the time) to get a clean ``ru_maxrss`` of the mount command."""
+        start-up added to the time) to get a clean ``ru_maxrss`` of the mount command. With
+        ``kill_after`` the command (its whole process group) is killed after that many seconds
+        and MountTimeoutError is raised."""
         if os.listdir(self.mountpoint):
             raise RuntimeError(f"{self.mountpoint} is not empty")
         command = self.mount_command()
@@ -521,9 +523,28 @@ class Tool:
             command = [sys.executable, "-S", "-E", "-c", LAUNCHER, maxrss_file, *command]
         with tempfile.TemporaryFile() as err:
             start = time.perf_counter()
-            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=tool_env())
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=tool_env(),
+                                    start_new_session=kill_after is not None)
+            killer: Optional[threading.Timer] = None
+            killed: List[bool] = []
+            if kill_after is not None:
+                def kill() -> None:
+                    killed.append(True)
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                killer = threading.Timer(kill_after, kill)
+                killer.daemon = True
+                killer.start()
             _, status, usage = os.wait4(proc.pid, 0)
+            if killer is not None:
+                killer.cancel()
             proc.returncode = os.waitstatus_to_exitcode(status)
+            if killed:
+                if is_mounted(self.mountpoint):
+                    unmount(self.mountpoint, fuse_daemon_pid(self.mountpoint))
+                raise MountTimeoutError(time.perf_counter() - start)
             while not os.path.ismount(self.mountpoint):
                 if time.perf_counter() - start > timeout:
                     break
@@ -543,6 +564,14 @@ class Tool:
             maxrss = int(parts[0]) if parts else 0
             cpu = float(parts[1]) if len(parts) > 1 else cpu
         return MountResult(seconds, pid, maxrss, cpu)
+
+
+class MountTimeoutError(RuntimeError):
+    """The mount command was killed after ``kill_after`` seconds."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"mount gave up after {seconds:.0f} s")
+        self.seconds = seconds
 
 
 class Ours(Tool):
@@ -1428,8 +1457,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         stored["targets"] = evaluate_targets(stored)
         print_summary(stored)
         if args.report:
-            with open(args.report, "w") as f:
-                f.write(markdown_report(stored, notes))
+            write_report(args.report, markdown_report(stored, notes))
         return 0
 
     global BYTECODE_AS_IS, QUIET_BUDGET
@@ -1477,11 +1505,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     write_json(args.out, results)
     print_summary(results)
     if args.report:
-        with open(args.report, "w") as f:
-            f.write(markdown_report(results, notes))
+        write_report(args.report, markdown_report(results, notes))
         log(f"wrote {args.report}")
     log(f"wrote {args.out}; {results['elapsed_s'] / 60:.1f} min")
     return 0
+
+
+#: Sections of the report written by other scripts (bench_compressed.py) sit between these
+#: markers; regenerating the report here keeps them.
+KEPT_SECTION_RE = r"<!-- section:(?P<name>[\w-]+):start -->.*?<!-- section:(?P=name):end -->\n?"
+
+
+def write_report(path: str, text: str) -> None:
+    """Write the report, carrying over the marked sections of the file it replaces."""
+    import re
+
+    kept: List[str] = []
+    try:
+        with open(path) as f:
+            kept = [m.group(0) for m in re.finditer(KEPT_SECTION_RE, f.read(), flags=re.S)]
+    except OSError:
+        pass
+    with open(path, "w") as f:
+        f.write(text)
+        for block in kept:
+            f.write("\n" + block.rstrip("\n") + "\n")
 
 
 def write_json(path: str, results: Dict[str, Any]) -> None:
