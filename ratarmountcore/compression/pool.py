@@ -27,9 +27,10 @@ import collections
 import contextlib
 import logging
 import threading
+import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Iterator, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, Tuple, TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,8 @@ T = TypeVar("T")
 
 #: Idle instances kept across all pools of the process.
 IDLE_LIMIT = 16
+#: Longest wait for an instance that is about to reach the requested offset (seconds).
+ARRIVAL_WAIT = 0.25
 
 
 @dataclass(eq=False)
@@ -89,6 +92,8 @@ class InstancePool(Generic[T]):
         self._max = max(1, max_instances)
         self._cond = threading.Condition()
         self._idle: List[Slot[T]] = []
+        #: end offset of a use in progress -> number of such uses
+        self._arriving: Dict[int, int] = {}
         self._live = 0
         self._closed = False
         _LIVE_POOLS.add(self)
@@ -106,15 +111,24 @@ class InstancePool(Generic[T]):
             return [slot.position for slot in self._idle]
 
     @contextlib.contextmanager
-    def acquire(self, offset: Optional[int] = None) -> Iterator[Slot[T]]:
+    def acquire(self, offset: Optional[int] = None, end: Optional[int] = None) -> Iterator[Slot[T]]:
         """Exclusive use of one instance. ``offset`` (if known) picks the best-positioned one;
-        None prefers a complete instance, then the one furthest ahead."""
+        None prefers a complete instance, then the one furthest ahead. ``end`` announces where
+        this use will leave the instance, so that a read starting there waits for it."""
         slot = self._take(offset)
+        if end is not None:
+            with self._cond:
+                self._arriving[end] = self._arriving.get(end, 0) + 1
         ok = False
         try:
             yield slot
             ok = True
         finally:
+            if end is not None:
+                with self._cond:
+                    left = self._arriving.pop(end, 1) - 1
+                    if left:
+                        self._arriving[end] = left
             self._give_back(slot, ok)
 
     def _pick(self, offset: Optional[int]) -> Slot[T]:
@@ -136,6 +150,20 @@ class InstancePool(Generic[T]):
     def _take(self, offset: Optional[int]) -> Slot[T]:
         slot: Optional[Slot[T]] = None
         with self._cond:
+            # Sequential readers (the kernel's read-ahead sends several reads of one file at once)
+            # should continue on the instance that is about to arrive at their offset rather
+            # than make another one decompress the same data again. Bounded: never a deadlock.
+            deadline = time.monotonic() + ARRIVAL_WAIT
+            while (
+                offset is not None
+                and offset in self._arriving
+                and not any(s.position == offset for s in self._idle)
+                and not self._closed
+            ):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
             while True:
                 if self._closed:
                     raise ValueError("I/O operation on a closed compressed file")

@@ -109,7 +109,7 @@ class PooledReader(CompressedReader):
             if offset >= known:
                 return b""
             size = min(size, known - offset)
-        with self._pool.acquire(offset) as slot:
+        with self._pool.acquire(offset, end=offset + size) as slot:
             decoder = slot.instance
             with self.data_errors():
                 if slot.position != offset:
