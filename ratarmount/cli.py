@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from ratarmountcore import __version__
 from ratarmountcore.errors import RatarmountError
@@ -82,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_index_folders(value: Optional[str]) -> Tuple[str, ...]:
+    """``--index-folders A,,B`` -> ("A", "", "B"); None -> the default search order."""
+    if value is None:
+        return IndexOptions().index_folders
+    return tuple(folder.strip() for folder in value.split(","))
+
+
 def parse_fuse_options(values: Sequence[str]) -> Dict[str, Union[str, bool]]:
     options: Dict[str, Union[str, bool]] = {}
     for value in values:
@@ -97,9 +104,7 @@ def parse_fuse_options(values: Sequence[str]) -> Dict[str, Union[str, bool]]:
 def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> MountOptions:
     if len(args.paths) < 2:
         parser.error("need at least one ARCHIVE and a MOUNTPOINT")
-    folders = IndexOptions().index_folders
-    if args.index_folders is not None:
-        folders = tuple(f.strip() for f in args.index_folders.split(","))
+    folders = parse_index_folders(args.index_folders)
     index = IndexOptions(index_file=args.index_file, index_folders=folders, recreate=args.recreate_index)
     if args.index_file and len(args.paths) > 2:
         parser.error("--index-file works with a single archive only")

@@ -13,6 +13,8 @@ from ratarmountcore import __version__
 from ratarmountcore.errors import RatarmountError
 from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
 
+from .cli import parse_index_folders
+
 logger = logging.getLogger("ratarmount.convert")
 
 
@@ -64,9 +66,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     if args.frame_size <= 0:
         parser.error("--frame-size must be positive")
-    folders = IndexOptions().index_folders
-    if args.index_folders is not None:
-        folders = tuple(f.strip() for f in args.index_folders.split(","))
+    folders = parse_index_folders(args.index_folders)
     options = OpenOptions(
         index=IndexOptions(index_file=args.index_file, index_folders=folders, progress=not args.no_progress),
         compression=CompressionOptions(parallelization=args.parallelization),
