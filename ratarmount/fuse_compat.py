@@ -67,11 +67,9 @@ if fuse is not None:
             return int(self.operations.read_into(view, offset, fip.contents.fh))
 
         def fgetattr(self, path: Optional[bytes], buf: Any, fip: Any) -> int:
-            """getattr without the attribute dict: fill the C struct straight from the FileInfo."""
-            info = self.operations.stat_info(None if path is None else path.decode(self.encoding, self.errors))
-            st = buf.contents
-            ctypes.memset(buf, 0, ctypes.sizeof(st))
-            fill_stat(st, info)
+            """getattr without the attribute dict: copy the packed ``struct stat`` into place."""
+            packed = self.operations.stat_bytes(None if path is None else path.decode(self.encoding, self.errors))
+            ctypes.memmove(buf, packed, len(packed))
             return 0
 
         def readdir_fuse_3(
@@ -82,38 +80,22 @@ if fuse is not None:
             With offsets, libfuse hands each entry's attributes straight to the kernel (the
             offset-less mode drops them), so a READDIRPLUS fills the kernel's dentry and
             attribute caches and the stats that follow a listing never reach us. A plain READDIR
-            (the kernel alternates when nobody stats the entries) gets only the file type.
+            (the kernel alternates when nobody stats the entries) uses only type and inode.
+            Entries carry their ``struct stat`` packed as bytes, passed to the filler as they are.
             """
+            fill = ctypes.cast(filler, RAW_FILLER)
             plus = bool(flags & FUSE_READDIR_PLUS)
             listing = self.operations.listing(fip.contents.fh)
-            st = fuse.c_stat()
-            encoding, errors = self.encoding, self.errors
             for position in range(offset, len(listing)):
-                name, info = listing[position]
-                if plus and info is not None:
-                    fill_stat(st, info)  # sets every field that is not always zero
-                    fill_flags = FUSE_FILL_DIR_PLUS
-                else:  # type and inode only (an inode of 0 would hide the entry from readdir(3))
-                    st.st_mode = info.mode if info is not None else 0o40755
-                    st.st_ino = info.ino if info is not None and info.ino else FUSE_UNKNOWN_INO
-                    fill_flags = 0
-                if filler(buf, name.encode(encoding, errors), st, position + 1, fill_flags):
+                name, packed, fill_flags = listing[position]
+                if fill(buf, name, packed, position + 1, fill_flags if plus else 0):
                     break
             return 0
 
-    def fill_stat(st: Any, info: Any) -> None:
-        st.st_mode = info.mode
-        st.st_ino = info.ino
-        st.st_nlink = info.nlink
-        st.st_uid = info.uid
-        st.st_gid = info.gid
-        st.st_size = info.size
-        st.st_rdev = info.rdev
-        st.st_blksize = 4096
-        st.st_blocks = (info.size + 511) // 512
-        seconds, nanoseconds = divmod(info.mtime_ns, 1_000_000_000)
-        st.st_mtimespec.tv_sec = st.st_atimespec.tv_sec = st.st_ctimespec.tv_sec = seconds
-        st.st_mtimespec.tv_nsec = st.st_atimespec.tv_nsec = st.st_ctimespec.tv_nsec = nanoseconds
+    #: libfuse 3's ``fuse_fill_dir_t`` taking the ``struct stat *`` as a byte string.
+    RAW_FILLER = ctypes.CFUNCTYPE(
+        ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int
+    )
 
 else:  # pragma: no cover
     FUSE = None  # type: ignore[assignment,misc]

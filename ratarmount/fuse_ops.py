@@ -19,11 +19,14 @@ from ratarmountcore.errors import RatarmountError
 from ratarmountcore.io.readers import MemberFile
 from ratarmountcore.sources.base import FileInfo, MountSource
 
-from .fuse_compat import fuse
+from .fuse_compat import FUSE_FILL_DIR_PLUS, FUSE_UNKNOWN_INO, fuse
+from .stat_packing import StatPacker
 
 logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
+Listed = Tuple[bytes, bytes, int]
+ENCODING = "utf-8"  # of names handed to libfuse, as mfusepy decodes paths (with surrogateescape)
 
 
 def _errno_of(exc: BaseException) -> int:
@@ -78,20 +81,26 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
         self.source = source
         self._on_ready = on_ready
         self._handles: Dict[int, MemberFile] = {}
-        self._listings: Dict[int, List[Tuple[str, Optional[FileInfo]]]] = {}
+        #: Open directory listings: (name, packed struct stat, filler flags) per entry.
+        self._listings: Dict[int, List[Listed]] = {}
         self._next_handle = itertools.count(1)
+        self._packer = StatPacker(fuse.c_stat)
         # libfuse asks for the same path several times in a row (LOOKUP, then OPEN); an immutable
         # tree lets us remember answers, misses included. Paths from libfuse are already
         # absolute and normalized.
-        self._lookup: Callable[[str], Optional[FileInfo]] = (
-            functools.lru_cache(maxsize=4096)(source.lookup) if source.is_immutable else source.lookup
+        self._entry: Callable[[str], Optional[Tuple[FileInfo, bytes]]] = (
+            functools.lru_cache(maxsize=8192)(self._lookup_entry) if source.is_immutable else self._lookup_entry
         )
 
+    def _lookup_entry(self, path: str) -> Optional[Tuple[FileInfo, bytes]]:
+        info = self.source.lookup(path)
+        return None if info is None else (info, self._packer.pack(info))
+
     def _info(self, path: str) -> FileInfo:
-        info = self._lookup(path)
-        if info is None:
+        entry = self._entry(path)
+        if entry is None:
             raise fuse.FuseOSError(errno.ENOENT)
-        return info
+        return entry[0]
 
     def init(self, path: str) -> None:
         if self._on_ready is not None:
@@ -105,8 +114,12 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
         return info_to_attrs(self._info(path))
 
     @translate_errors
-    def stat_info(self, path: str) -> FileInfo:
-        return self._info(path)
+    def stat_bytes(self, path: str) -> bytes:
+        """The packed ``struct stat`` of ``path`` (see ``stat_packing``)."""
+        entry = self._entry(path)
+        if entry is None:
+            raise fuse.FuseOSError(errno.ENOENT)
+        return entry[1]
 
     @translate_errors
     def opendir(self, path: str) -> int:
@@ -114,19 +127,29 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
         if entries is None:
             self._info(path)
             raise fuse.FuseOSError(errno.ENOTDIR)
-        listing: List[Tuple[str, Optional[FileInfo]]] = [(".", self._info(path)), ("..", None)]
-        listing.extend(entries)
+        pack = self._packer.pack
+        listing: List[Listed] = [(b".", self.stat_bytes(path), FUSE_FILL_DIR_PLUS), (b"..", self._dotdot, 0)]
+        plus = FUSE_FILL_DIR_PLUS
+        listing.extend([(name.encode(ENCODING, "surrogateescape"), pack(info), plus) for name, info in entries])
         handle = next(self._next_handle)
         self._listings[handle] = listing
         return handle
 
-    def listing(self, fh: int) -> List[Tuple[str, Optional[FileInfo]]]:
+    @functools.cached_property
+    def _dotdot(self) -> bytes:
+        # The parent's attributes are not needed: libfuse looks ".." up itself. Type and "no inode".
+        return self._packer.pack(FileInfo(mode=0o40755, size=0, mtime_ns=0, uid=0, gid=0, ino=FUSE_UNKNOWN_INO))
+
+    def listing(self, fh: int) -> List[Listed]:
         return self._listings.get(fh, [])
 
     @translate_errors
     def readdir(self, path: str, fh: int) -> Iterable[Union[str, Tuple[str, Dict[str, int], int]]]:
         """Used by libfuse 2 only; libfuse 3 goes through ``fuse_compat.FUSE.readdir_fuse_3``."""
-        return [(name, info_to_attrs(info) if info else {"st_mode": 0o40755}, 0) for name, info in self.listing(fh)]
+        entries = self.source.list_entries(path) or []
+        return [(".", info_to_attrs(self._info(path)), 0), ("..", {"st_mode": 0o40755}, 0)] + [
+            (name, info_to_attrs(info), 0) for name, info in entries
+        ]
 
     def releasedir(self, path: str, fh: int) -> int:
         self._listings.pop(fh, None)
