@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import zlib
 from typing import BinaryIO
 
 
@@ -28,6 +29,11 @@ def tar_header_checksum_ok(block: bytes) -> bool:
     except ValueError:
         return False
     block = block[:512]
+    if block.isascii():
+        # Every byte < 128: the signed and unsigned sums agree, and the sum (at most 127 * 512 <
+        # 65521) is exactly the low half of Adler-32 minus its initial 1 -- without a Python-level
+        # loop over 512 bytes (about ten times faster than sum()).
+        return stored == (zlib.adler32(block) & 0xFFFF) - 1 - sum(field) + 8 * 32
     unsigned = sum(block) - sum(field) + 8 * 32
     if stored == unsigned:
         return True

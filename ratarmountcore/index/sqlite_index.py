@@ -100,11 +100,13 @@ class IndexWriter:
         )
         self._conn.executescript(_sql("schema.sql"))
         self._conn.execute("BEGIN")
-        self._batch: List[tuple] = []
+        self._batch: List[tuple] = []  # rows that need every column
+        self._simple_batch: List[tuple] = []  # rows whose other columns keep their defaults
         self._next_id = 1
         self._explicit_dirs: Set[str] = set()
         self._ancestors: Set[str] = set()
         self._last_parent = ""
+        self._last_parent_bytes = b""
         self._has_hardlinks = False
         self._count = 0
         self._committed = False
@@ -133,53 +135,93 @@ class IndexWriter:
         else:
             parent_str, _, name_str = path.rpartition("/")
             parent_str = parent_str or "/"
-            parent = parent_str.encode("utf-8", "surrogateescape")
             name = name_str.encode("utf-8", "surrogateescape")
-            if parent_str != self._last_parent:  # members come grouped by folder; skip the set work
+            if parent_str == self._last_parent:  # members come grouped by folder: reuse its work
+                parent = self._last_parent_bytes
+            else:
+                parent = parent_str.encode("utf-8", "surrogateescape")
                 self._last_parent = parent_str
+                self._last_parent_bytes = parent
                 while parent_str != "/" and parent_str not in self._ancestors:
                     self._ancestors.add(parent_str)
                     parent_str = parent_str.rpartition("/")[0] or "/"
         if kind == KIND_DIR:
             self._explicit_dirs.add(path)
-        is_hardlink = kind == KIND_HARDLINK
-        if is_hardlink:
-            self._has_hardlinks = True
         mtime_ns = record.mtime_ns
-        self._batch.append(
-            (
-                row_id,
-                parent,
-                name,
-                kind,
-                record.mode,
-                record.size,
-                mtime_ns if _INT64_MIN <= mtime_ns <= _INT64_MAX else encode_big_int(mtime_ns),
-                record.uid,
-                record.gid,
-                row_id,
-                record.linkname.encode("utf-8", "surrogateescape") if record.linkname else b"",
-                record.offset_header,
-                record.offset_data,
-                None if record.sparse is None else pack_sparse(record.sparse),
-                record.rdev,
-                int(is_hardlink),
-                source,
+        if (
+            not record.linkname
+            and kind != KIND_HARDLINK
+            and record.sparse is None
+            and not record.rdev
+            and not source
+            and _INT64_MIN <= mtime_ns <= _INT64_MAX
+        ):
+            # The common row: the columns left out keep their defaults, and binding fewer
+            # parameters makes the bulk insert about a third faster.
+            batch = self._simple_batch
+            batch.append(
+                (
+                    row_id,
+                    parent,
+                    name,
+                    kind,
+                    record.mode,
+                    record.size,
+                    mtime_ns,
+                    record.uid,
+                    record.gid,
+                    row_id,
+                    record.offset_header,
+                    record.offset_data,
+                )
             )
-        )
+        else:
+            is_hardlink = kind == KIND_HARDLINK
+            if is_hardlink:
+                self._has_hardlinks = True
+            batch = self._batch
+            batch.append(
+                (
+                    row_id,
+                    parent,
+                    name,
+                    kind,
+                    record.mode,
+                    record.size,
+                    mtime_ns if _INT64_MIN <= mtime_ns <= _INT64_MAX else encode_big_int(mtime_ns),
+                    record.uid,
+                    record.gid,
+                    row_id,
+                    record.linkname.encode("utf-8", "surrogateescape") if record.linkname else b"",
+                    record.offset_header,
+                    record.offset_data,
+                    None if record.sparse is None else pack_sparse(record.sparse),
+                    record.rdev,
+                    int(is_hardlink),
+                    source,
+                )
+            )
         self._count += 1
-        if len(self._batch) >= self.BATCH:
+        if len(batch) >= self.BATCH:
             self._flush()
         return row_id
 
     def _flush(self) -> None:
-        self._conn.executemany(
-            "INSERT INTO files (id, parent, name, kind, mode, size, mtime_ns, uid, gid, ino, linkname, "
-            "offset_header, offset_data, sparse, rdev, is_hardlink, source) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            self._batch,
-        )
-        self._batch.clear()
+        if self._simple_batch:
+            self._conn.executemany(
+                "INSERT INTO files (id, parent, name, kind, mode, size, mtime_ns, uid, gid, ino, "
+                "offset_header, offset_data) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                self._simple_batch,
+            )
+            self._simple_batch.clear()
+        if self._batch:
+            self._conn.executemany(
+                "INSERT INTO files (id, parent, name, kind, mode, size, mtime_ns, uid, gid, ino, linkname, "
+                "offset_header, offset_data, sparse, rdev, is_hardlink, source) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                self._batch,
+            )
+            self._batch.clear()
 
     def add_nested_archive(self, row_id: int, offset: int, size: int, fmt: str) -> None:
         self._conn.execute(

@@ -13,8 +13,10 @@ import logging
 import posixpath
 import re
 import stat
+import struct
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple
+from zlib import adler32
 
 from ..errors import CorruptHeaderError, EmptyArchiveError, TruncatedArchiveError, UnsupportedFormatError
 from ..formats import tar_header_checksum_ok
@@ -62,6 +64,12 @@ _SIZE_MAX = (1 << 63) - 1  # off_t
 
 #: Type flags that ``_make_simple_record`` handles when no extended header precedes them.
 _SIMPLE = frozenset((b"0", b"\0", b"7", b"1", b"2", b"5"))
+
+#: The header fields the fast path needs: name, mode, uid, gid, size, mtime, chksum, typeflag,
+#: linkname, magic, (version, uname, gname, devmajor, devminor skipped), prefix.
+_HEADER = struct.Struct("100s8s8s8s12s12s8sc100s6s82x155s")
+#: Bytes read at a time around headers (see ``TarScanner.__iter__``).
+_READ_SIZE = 16 * 1024
 
 Extents = List[Tuple[int, int]]  # (offset in the file, length); data stored back to back
 
@@ -226,10 +234,22 @@ class TarScanner:
         long_link: Optional[bytes] = None
         pax: Optional[List[Tuple[str, bytes]]] = None
         header_start: Optional[int] = None  # start of the first of chained meta headers
+        # Headers are cut out of a buffer of the bytes at [buf_start, buf_start + len(buf)):
+        # small members' headers lie close together, so one read serves several of them, while a
+        # large member's data is skipped without being read.
+        buf = b""
+        buf_start = 0
+        unpack_header = _HEADER.unpack_from
+        on_progress = self._on_progress
 
-        stream.seek(0)
         while True:
-            block = stream.read(BLOCK)
+            off = pos - buf_start
+            if off < 0 or off + BLOCK > len(buf):
+                stream.seek(pos)
+                buf = stream.read(_READ_SIZE)
+                buf_start = pos
+                off = 0
+            block = buf[off : off + BLOCK]
             if len(block) < BLOCK:
                 if pos == 0 and not block:
                     raise EmptyArchiveError("file is empty")
@@ -248,6 +268,76 @@ class TarScanner:
                 if long_name is not None or pax is not None:
                     raise CorruptHeaderError(f"extended header at offset {header_start} is not followed by a member")
                 return
+
+            if header_start is None and not self._global_pax:
+                # Fast path: a plain file, folder or link with no extended headers before it and
+                # well-formed octal fields -- the members of most archives. Anything unusual
+                # (other type flags, base-256 or malformed numbers, a bad checksum) falls through
+                # to the general code below, which decides and reports exactly as before.
+                # Must agree with ``_make_record`` (tests compare both).
+                (raw_name, f_mode, f_uid, f_gid, f_size, f_mtime, f_chksum, typeflag, raw_link, magic, prefix) = (
+                    unpack_header(block)
+                )
+                record = None
+                if typeflag in _SIMPLE:
+                    try:
+                        if block.isascii():  # tar_header_checksum_ok's fast case, inlined
+                            stored = int(f_chksum.replace(b"\0", b" "), 8)
+                            ok = stored == (adler32(block) & 0xFFFF) + 255 - sum(f_chksum)
+                        else:
+                            ok = tar_header_checksum_ok(block)
+                        size = int(f_size.rstrip(b"\0") or b"0", 8)
+                        mode_bits = int(f_mode.rstrip(b"\0") or b"0", 8) & 0o7777
+                        uid = int(f_uid.rstrip(b"\0") or b"0", 8)
+                        gid = int(f_gid.rstrip(b"\0") or b"0", 8)
+                        mtime = int(f_mtime.rstrip(b"\0") or b"0", 8)
+                    except ValueError:
+                        ok = False
+                    if ok and size >= 0:
+                        raw_name = raw_name.partition(b"\0")[0]
+                        if magic == b"ustar\0" and prefix[0] != 0:
+                            raw_name = prefix.partition(b"\0")[0] + b"/" + raw_name
+                        kind = _TYPEFLAG_KIND[typeflag]
+                        if kind == KIND_FILE and raw_name.endswith(b"/"):
+                            kind = KIND_DIR
+                        name = raw_name.decode("utf-8", "surrogateescape")
+                        if name and name[0] not in "./" and "//" not in name and "/." not in name and name[-1] != "/":
+                            path = "/" + name
+                        else:
+                            path = normalize_path(name)
+                        link = ""
+                        real_size = size if kind == KIND_FILE else 0
+                        if kind == KIND_SYMLINK or kind == KIND_HARDLINK:
+                            raw_link = raw_link.partition(b"\0")[0]
+                            link = raw_link.decode("utf-8", "surrogateescape")
+                            if kind == KIND_HARDLINK:
+                                link = normalize_path(link)
+                            else:
+                                mode_bits = 0o777
+                                real_size = len(raw_link)
+                        record = MemberRecord(
+                            path,
+                            kind,
+                            mode_bits | _KIND_BITS[kind],
+                            real_size,
+                            mtime * 1_000_000_000,
+                            uid,
+                            gid,
+                            link,
+                            pos,
+                            pos + BLOCK,
+                        )
+                if record is not None:
+                    data_end = pos + BLOCK + size
+                    if data_end > last_data_end:
+                        last_data_end = data_end
+                    pos = data_end + (-data_end & (BLOCK - 1))
+                    count += 1
+                    if on_progress is not None and not count & 511:
+                        on_progress(pos)
+                    yield record
+                    continue
+
             if not tar_header_checksum_ok(block):
                 if pos == 0:
                     raise UnsupportedFormatError("not a tar archive (no valid tar header at the start)")
@@ -276,11 +366,9 @@ class TarScanner:
                 else:
                     pax = (pax or []) + parse_pax_records(payload, pos)
                 pos = data_end_padded
-                stream.seek(pos)
                 continue
             if typeflag in (b"V", b"N"):  # volume label, old GNU rename list: not members
                 pos = data_end_padded
-                stream.seek(pos)
                 header_start = None
                 continue
             if typeflag == b"M":
@@ -294,10 +382,9 @@ class TarScanner:
             header_start = None
             last_data_end = max(last_data_end, data_end)
             pos = ((data_end + BLOCK - 1) // BLOCK) * BLOCK
-            stream.seek(pos)
             count += 1
-            if self._on_progress is not None and count % 512 == 0:
-                self._on_progress(pos)
+            if on_progress is not None and count % 512 == 0:
+                on_progress(pos)
             yield record
 
     def _make_simple_record(self, block: bytes, pos: int, size: int, typeflag: bytes) -> Tuple[MemberRecord, int]:
