@@ -26,6 +26,8 @@ class MountOptions:
     foreground: bool = False
     debug: int = 0
     fuse_options: Dict[str, Union[str, bool]] = field(default_factory=dict)
+    #: Kernel read-ahead of the mount in KiB (set through sysfs when permitted); 0: kernel default.
+    read_ahead_kib: int = 1024
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,6 +73,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MiB",
         help="distance between decompressor seek points stored in the index, in MiB (default 1)",
     )
+    parser.add_argument(
+        "--cache-size",
+        type=float,
+        default=32.0,
+        metavar="MiB",
+        help="decoded data kept per compressed archive for reads close to earlier ones (default 32; 0: off)",
+    )
+    parser.add_argument(
+        "--read-ahead",
+        type=int,
+        default=1024,
+        metavar="KiB",
+        help="kernel read-ahead of the mount (default 1024; the kernel's FUSE default is 128); needs write "
+        "access to /sys/class/bdi (root), else the kernel's default stays; 0 leaves it alone",
+    )
     parser.add_argument("--version", action="store_true", help="print versions of ratarmount and its backends")
     parser.add_argument(
         "-d",
@@ -112,7 +129,10 @@ def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         parallelization=args.parallelization,
         gzip_backend=args.gzip_backend,
         seek_point_spacing=max(1, int(args.seek_point_spacing * 1024 * 1024)),
+        cache_size=max(0, int(args.cache_size * 1024 * 1024)),
     )
+    if args.read_ahead < 0:
+        parser.error("--read-ahead must be 0 or more KiB")
     return MountOptions(
         # Absolute: libfuse changes the working directory to "/" once it runs.
         sources=[os.path.abspath(p) for p in args.paths[:-1]],
@@ -121,6 +141,7 @@ def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         foreground=args.foreground,
         debug=args.debug,
         fuse_options=parse_fuse_options(args.fuse),
+        read_ahead_kib=args.read_ahead,
     )
 
 

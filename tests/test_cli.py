@@ -420,3 +420,21 @@ def test_mount_that_libfuse_rejects_after_init_fails(tmp_path: Path, archive: Pa
     assert result.returncode == 1
     assert "maximum read size" in result.stderr and "Traceback" not in result.stderr
     assert not os.path.ismount(mnt)
+
+
+def _read_ahead_kib(mountpoint: Path) -> int:
+    device = os.stat(mountpoint).st_dev
+    with open(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb") as f:
+        return int(f.read())
+
+
+@requires_fuse
+def test_read_ahead_is_raised_when_permitted(mounter: Mounter, archive: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only root may change a mount's read-ahead")
+    default = mounter.mount(archive, extra=["--read-ahead", "0"])
+    raised = mounter.mount(archive, extra=["--read-ahead", "2048"])
+    assert _read_ahead_kib(raised) == 2048  # set before the mount command returned
+    assert _read_ahead_kib(default) != 2048
+    name = next(iter(FILES))
+    assert (raised / name).read_bytes() == (default / name).read_bytes() == FILES[name]

@@ -21,7 +21,7 @@ import os
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Type
+from typing import Any, ClassVar, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Type, Union
 
 from ..errors import CorruptDataError, RatarmountError
 from ..formats import FormatId
@@ -152,19 +152,23 @@ def unpack_seek_points(parts: Sequence[bytes]) -> Optional[Tuple[Dict[str, Any],
 
 
 def read_fully(fileobj: Any, size: int) -> bytes:
-    """Read ``size`` bytes (fewer only at EOF) from a file object whose reads may come up short."""
-    buffer = bytearray(size)
-    view = memoryview(buffer)
-    done = 0
+    """Read ``size`` bytes (fewer only at EOF) from a file object whose reads may come up short.
+
+    One ``read`` usually returns everything (buffered library readers decode straight into the
+    new bytes object: no zero-filling, no second copy); short reads are completed in a loop.
+    """
+    data = fileobj.read(size)
+    if data is None or len(data) >= size or not data:
+        return data or b""
+    pieces = [data]
+    done = len(data)
     while done < size:
-        n = fileobj.readinto(view[done:])
-        if not n:
+        more = fileobj.read(size - done)
+        if not more:
             break
-        done += n
-    view.release()
-    if done < size:
-        del buffer[done:]
-    return bytes(buffer)
+        pieces.append(more)
+        done += len(more)
+    return b"".join(pieces)
 
 
 #: Exceptions backends raise for bad data (in addition to those listed per backend).
@@ -264,6 +268,21 @@ class CompressedReader(ABC):
             self._plain.fd, base + self._plain.size, self.stats, base + start, None if end is None else base + end
         )
 
+    def library_source(self) -> Union[str, FdFile]:
+        """What a decoder library should read: a path to the very file we hold open when the
+        compressed data is a whole file (the library then reads in C with ``pread``, without
+        calling back into Python and taking the GIL for every compressed block), else a
+        ``FdFile`` over our window of the descriptor. ``/proc/self/fd/N`` names the open file
+        itself, so a file replaced on disk meanwhile cannot be mixed up with ours."""
+        fd_path = f"/proc/self/fd/{self._plain.fd}"
+        if self._plain.offset == 0 and os.path.exists(fd_path):
+            try:
+                if os.stat(fd_path).st_size == self._plain.size:
+                    return fd_path
+            except OSError:
+                pass
+        return self.open_raw()
+
     def raw_pread(self, offset: int, size: int) -> bytes:
         data = self._plain.pread(offset, size)
         self.stats.add_read(len(data))
@@ -271,6 +290,12 @@ class CompressedReader(ABC):
 
     def data_errors(self, extra: Tuple[Type[BaseException], ...] = ()) -> "contextlib.AbstractContextManager[None]":
         return data_errors(self.path, self.format_name, extra)
+
+    def preadinto(self, offset: int, view: memoryview) -> int:
+        """``pread`` into a caller's buffer (FUSE reads straight into libfuse's)."""
+        data = self.pread(offset, len(view))
+        view[: len(data)] = data
+        return len(data)
 
     def close(self) -> None:
         self._plain.close()

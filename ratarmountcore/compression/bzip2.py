@@ -11,7 +11,7 @@ from __future__ import annotations
 import bz2
 import io
 import struct
-from typing import Any, ClassVar, Dict
+from typing import Any, ClassVar, Dict, List, Optional, Union
 
 from ..formats import FormatId
 from .base import FdFile
@@ -33,13 +33,16 @@ class Bzip2Reader(PooledReader):
     format_name: ClassVar[str] = "bzip2"
     format_id: ClassVar[FormatId] = FormatId.BZIP2
 
-    def _open_decoder(self, raw: FdFile) -> Any:
+    def _open_decoder(self, raw: Union[str, FdFile]) -> Any:
         import rapidgzip
 
         return rapidgzip.IndexedBzip2File(raw, parallelization=self.options.threads())
 
     def _load_seek_points(self, decoder: Any, payload: bytes) -> None:
         decoder.set_block_offsets(unpack_offsets(payload))
+
+    def _span_starts(self, decoder: Any) -> Optional[List[int]]:
+        return sorted(set(decoder.block_offsets().values()))
 
     def _finish(self, decoder: Any) -> int:
         return int(decoder.seek(0, io.SEEK_END))  # a truncated stream raises on the way

@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import logging
 import zlib
-from typing import Any, ClassVar, Dict
+from typing import Any, ClassVar, Dict, List, Optional, Union
 
 from ..errors import TruncatedArchiveError
 from ..formats import FormatId
@@ -68,13 +68,16 @@ class RapidgzipReader(_GzipReader):
 
     backend_name: ClassVar[str] = "rapidgzip"
 
-    def _open_decoder(self, raw: FdFile) -> Any:
+    def _open_decoder(self, raw: Union[str, FdFile]) -> Any:
         import rapidgzip
 
         return rapidgzip.RapidgzipFile(raw, parallelization=self.options.threads(), chunk_size=_spacing(self.options))
 
     def _load_seek_points(self, decoder: Any, payload: bytes) -> None:
         decoder.import_index(io.BytesIO(payload))
+
+    def _span_starts(self, decoder: Any) -> Optional[List[int]]:
+        return sorted(set(decoder.block_offsets().values()))
 
     def _finish(self, decoder: Any) -> int:
         size = int(decoder.seek(0, io.SEEK_END))  # decompresses (and CRC-checks) the rest
@@ -104,13 +107,17 @@ class IndexedGzipReader(_GzipReader):
     finish_on_create: ClassVar[bool] = True
     max_instances: ClassVar[int] = 2  # each holds the whole (uncompressed) window table
 
-    def _open_decoder(self, raw: FdFile) -> Any:
+    def _open_decoder(self, raw: Union[str, FdFile]) -> Any:
         import indexed_gzip
 
-        return indexed_gzip.IndexedGzipFile(fileobj=raw, spacing=_spacing(self.options), auto_build=True)
+        source: Dict[str, Any] = {"filename": raw} if isinstance(raw, str) else {"fileobj": raw}
+        return indexed_gzip.IndexedGzipFile(**source, spacing=_spacing(self.options), auto_build=True)
 
     def _load_seek_points(self, decoder: Any, payload: bytes) -> None:
         decoder.import_index(fileobj=io.BytesIO(payload))
+
+    def _span_starts(self, decoder: Any) -> Optional[List[int]]:
+        return [int(uncompressed) for uncompressed, _compressed in decoder.seek_points()]
 
     def _export(self, decoder: Any) -> bytes:
         buffer = io.BytesIO()

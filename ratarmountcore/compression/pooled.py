@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from abc import abstractmethod
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, List, Optional, Union
 
 from ..options import CompressionOptions
 from .base import (
@@ -26,6 +26,7 @@ from .base import (
     unpack_seek_points,
 )
 from .pool import InstancePool, Slot
+from .spans import SpanCache, optional_cache
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +45,15 @@ class PooledReader(CompressedReader):
         self._end_checked = False
         self._payload_loader: Optional[Callable[[], bytes]] = None
         self._finish_lock = threading.Lock()
+        #: Decoded spans between seek points, once the seek points are known (see ``spans.py``).
+        self._spans: Optional[SpanCache] = None
         count = min(self.max_instances, max(1, options.threads()))
         self._pool: InstancePool[Any] = InstancePool(self._new_slot, self._close_decoder, count)
 
     # --- backend hooks ------------------------------------------------------------------------
     @abstractmethod
-    def _open_decoder(self, raw: FdFile) -> Any:
-        """A new library decoder reading ``raw``."""
+    def _open_decoder(self, raw: Union[str, FdFile]) -> Any:
+        """A new library decoder reading ``raw`` (a path or a file object, see ``library_source``)."""
 
     @abstractmethod
     def _load_seek_points(self, decoder: Any, payload: bytes) -> None:
@@ -65,13 +68,24 @@ class PooledReader(CompressedReader):
     def _export(self, decoder: Any) -> bytes:
         """The complete seek points of a finished decoder."""
 
+    def _span_starts(self, decoder: Any) -> Optional[List[int]]:
+        """Decompressed offsets of the seek points of a complete decoder (None: unknown)."""
+        return None
+
     def _close_decoder(self, decoder: Any) -> None:
         decoder.close()
+
+    def _learn_spans(self, decoder: Any) -> None:
+        if self._spans is not None or self._size is None or self.options.cache_size <= 0:
+            return
+        with self.data_errors():
+            starts = self._span_starts(decoder)
+        self._spans = optional_cache(starts, self._size, self.options.cache_size)
 
     # --- pool ---------------------------------------------------------------------------------
     def _new_slot(self) -> Slot[Any]:
         with self.data_errors():
-            decoder = self._open_decoder(self.open_raw())
+            decoder = self._open_decoder(self.library_source())
         self.stats.decoders_created += 1
         slot: Slot[Any] = Slot(decoder)
         try:
@@ -80,6 +94,7 @@ class PooledReader(CompressedReader):
                 with self.data_errors():
                     self._load_seek_points(decoder, loader())
                 slot.complete = True
+                self._learn_spans(decoder)
             elif self.finish_on_create and self._size is None:
                 self._ensure_finished(slot)
         except BaseException:
@@ -98,6 +113,7 @@ class PooledReader(CompressedReader):
                     logger.warning("%s: decompressed size changed from %d to %d", self.path, self._size, size)
                 self._size = size
                 self._end_checked = True
+                self._learn_spans(slot.instance)
             return self._size
 
     # --- CompressedReader ---------------------------------------------------------------------
@@ -109,6 +125,22 @@ class PooledReader(CompressedReader):
             if offset >= known:
                 return b""
             size = min(size, known - offset)
+            spans = self._spans
+            if spans is not None and size <= spans.max_span and spans.covers(offset, size):
+                return spans.read(offset, size, self._decode_span)
+        return self._pread_direct(offset, size)
+
+    def preadinto(self, offset: int, view: memoryview) -> int:
+        spans = self._spans
+        size = len(view)
+        if spans is not None and 0 <= offset and size <= spans.max_span and spans.covers(offset, size):
+            return spans.readinto(offset, view, self._decode_span)
+        return super().preadinto(offset, view)
+
+    def _decode_span(self, start: int, end: int) -> bytes:
+        return self._pread_direct(start, end - start)
+
+    def _pread_direct(self, offset: int, size: int) -> bytes:
         with self._pool.acquire(offset, end=offset + size) as slot:
             decoder = slot.instance
             with self.data_errors():
@@ -158,5 +190,12 @@ class PooledReader(CompressedReader):
     def close(self) -> None:
         try:
             self._pool.close()
+            spans = self._spans
+            if spans is not None:
+                logger.debug(
+                    "%s: %d decoders created, span cache %d hits / %d misses (%d bytes decoded into it)",
+                    self.path, self.stats.decoders_created, spans.hits, spans.misses, spans.decoded_bytes,
+                )
+                spans.clear()
         finally:
             super().close()

@@ -46,6 +46,9 @@ def preadinto(reader: "RandomAccessReader", offset: int, view: memoryview) -> in
     if isinstance(reader, FileWindow):
         length = max(0, min(len(view), reader.size - offset))
         return preadinto_fd(reader.fd, reader.offset + offset, view[:length])
+    into = getattr(reader, "preadinto", None)  # compressed readers copy from their caches
+    if into is not None:
+        return int(into(offset, view))
     data = reader.pread(offset, len(view))
     view[: len(data)] = data
     return len(data)

@@ -1,0 +1,130 @@
+"""A bounded cache of decoded spans between consecutive seek points.
+
+Reading one small member of a compressed archive means decoding from the seek point before it.
+Libraries keep some decoded chunks themselves, but per decoder instance and with their own
+limits and read-ahead (rapidgzip keeps a handful of chunks per reader and prefetches more); with
+a few decoders in a pool, random reads of small members kept decoding the same spans again. Here
+the span ``[start, next seek point)`` that holds a read is decoded once, as a whole, and kept in
+a per-file LRU bounded in bytes, so that later reads anywhere in it are a copy.
+
+Concurrent misses on the same span decode it once: the first thread decodes, the others wait
+for its result (or its failure, after which they try themselves). Decode errors are never
+cached, so corrupt data keeps failing the reads that touch it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import threading
+from typing import Callable, Dict, List, Optional, Tuple
+
+
+class SpanCache:
+    def __init__(self, starts: List[int], size: int, capacity: int) -> None:
+        """``starts``: decompressed offsets of the seek points; ``size``: decompressed size."""
+        points = sorted({s for s in starts if 0 <= s < size} | {0})
+        self._starts = points
+        self._ends = points[1:] + [size]
+        self.size = size
+        self.capacity = capacity
+        #: Spans longer than this are not cached (the caller reads them directly).
+        self.max_span = max(1, capacity // 4)
+        self._lock = threading.Lock()
+        self._spans: "collections.OrderedDict[int, bytes]" = collections.OrderedDict()
+        self._bytes = 0
+        self._pending: Dict[int, threading.Event] = {}
+        self.hits = 0
+        self.misses = 0
+        self.decoded_bytes = 0
+
+    def span_of(self, offset: int) -> Tuple[int, int]:
+        i = bisect.bisect_right(self._starts, offset) - 1
+        return self._starts[i], self._ends[i]
+
+    def covers(self, offset: int, size: int) -> bool:
+        """True when every span touched by ``[offset, offset + size)`` is small enough to cache."""
+        end = min(offset + size, self.size)
+        while offset < end:
+            start, stop = self.span_of(offset)
+            if stop - start > self.max_span:
+                return False
+            offset = stop
+        return True
+
+    def read(self, offset: int, size: int, decode: Callable[[int, int], bytes]) -> bytes:
+        """Bytes ``[offset, offset + size)`` (fewer at the end of the data); ``decode(start, end)``
+        produces a span on a miss."""
+        end = min(offset + size, self.size)
+        pieces: List[bytes] = []
+        while offset < end:
+            start, stop = self.span_of(offset)
+            data = self._get(start, stop, decode)
+            piece = data[offset - start : min(end, stop) - start]
+            if not piece:
+                break  # the span decoded shorter than expected: end of the data
+            pieces.append(piece)
+            offset += len(piece)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def readinto(self, offset: int, view: memoryview, decode: Callable[[int, int], bytes]) -> int:
+        """Like ``read`` into ``view``: each span's bytes are copied once, straight into place."""
+        end = min(offset + len(view), self.size)
+        done = 0
+        while offset < end:
+            start, stop = self.span_of(offset)
+            data = self._get(start, stop, decode)
+            count = min(end, stop, start + len(data)) - offset
+            if count <= 0:
+                break  # the span decoded shorter than expected: end of the data
+            view[done : done + count] = memoryview(data)[offset - start : offset - start + count]
+            done += count
+            offset += count
+        return done
+
+    def _get(self, start: int, stop: int, decode: Callable[[int, int], bytes]) -> bytes:
+        while True:
+            with self._lock:
+                data = self._spans.get(start)
+                if data is not None:
+                    self._spans.move_to_end(start)
+                    self.hits += 1
+                    return data
+                event = self._pending.get(start)
+                if event is None:
+                    event = self._pending[start] = threading.Event()
+                    self.misses += 1
+                    break
+            event.wait()  # another thread decodes this span; then look again
+        try:
+            data = decode(start, stop)
+        except BaseException:
+            with self._lock:
+                del self._pending[start]
+            event.set()
+            raise
+        with self._lock:
+            del self._pending[start]
+            self.decoded_bytes += len(data)
+            self._spans[start] = data
+            self._bytes += len(data)
+            while self._bytes > self.capacity and len(self._spans) > 1:
+                _, old = self._spans.popitem(last=False)
+                self._bytes -= len(old)
+        event.set()
+        return data
+
+    def clear(self) -> None:
+        with self._lock:
+            self._spans.clear()
+            self._bytes = 0
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._bytes
+
+
+def optional_cache(starts: Optional[List[int]], size: int, capacity: int) -> Optional[SpanCache]:
+    if not starts or capacity <= 0:
+        return None
+    return SpanCache(starts, size, capacity)

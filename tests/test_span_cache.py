@@ -1,0 +1,144 @@
+"""The decoded-span cache of seekable compressed readers (``compression/spans.py``)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import random
+import tarfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import pytest
+
+import ratarmountcore
+from ratarmountcore.compression.spans import SpanCache
+from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
+
+DATA = bytes(random.Random(7).getrandbits(8) for _ in range(10_000))
+
+
+class CountingDecoder:
+    def __init__(self, data: bytes, delay: float = 0.0) -> None:
+        self.data = data
+        self.delay = delay
+        self.calls: List[Tuple[int, int]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, start: int, end: int) -> bytes:
+        with self.lock:
+            self.calls.append((start, end))
+        time.sleep(self.delay)
+        return self.data[start:end]
+
+
+def test_reads_within_and_across_spans_decode_each_span_once() -> None:
+    starts = list(range(0, len(DATA), 1000))
+    decode = CountingDecoder(DATA)
+    cache = SpanCache(starts, len(DATA), capacity=len(DATA))
+    rng = random.Random(1)
+    for _ in range(500):
+        offset = rng.randrange(len(DATA))
+        size = rng.randrange(1, 3000)
+        assert cache.read(offset, size, decode) == DATA[offset : offset + size]
+        view = memoryview(bytearray(size))
+        count = cache.readinto(offset, view, decode)
+        assert bytes(view[:count]) == DATA[offset : offset + size]
+    assert sorted(decode.calls) == sorted(set(decode.calls))  # no span decoded twice
+    assert len(decode.calls) == len(starts)
+    assert cache.hits > 0 and cache.misses == len(starts)
+    assert cache.read(len(DATA), 10, decode) == b""
+
+
+def test_capacity_bounds_the_cached_bytes() -> None:
+    starts = list(range(0, len(DATA), 1000))
+    decode = CountingDecoder(DATA)
+    cache = SpanCache(starts, len(DATA), capacity=4000)
+    for offset in range(0, len(DATA), 500):
+        assert cache.read(offset, 10, decode) == DATA[offset : offset + 10]
+        assert cache.cached_bytes <= 4000
+    # Least recently used spans went first: the first span must be decoded again.
+    calls = len(decode.calls)
+    cache.read(0, 1, decode)
+    assert len(decode.calls) == calls + 1
+    # Spans larger than a quarter of the capacity are left to the caller.
+    assert cache.covers(0, 10) and not SpanCache([0], len(DATA), capacity=4000).covers(0, 10)
+
+
+def test_concurrent_misses_of_one_span_decode_it_once() -> None:
+    decode = CountingDecoder(DATA, delay=0.05)
+    cache = SpanCache([0, 5000], len(DATA), capacity=len(DATA))
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda i: cache.read(100 + i, 50, decode), range(16)))
+    assert results == [DATA[100 + i : 150 + i] for i in range(16)]
+    assert decode.calls == [(0, 5000)]
+
+
+def test_failed_decodes_are_not_cached() -> None:
+    attempts = []
+
+    def flaky(start: int, end: int) -> bytes:
+        attempts.append(start)
+        if len(attempts) == 1:
+            raise OSError("corrupt block")
+        return DATA[start:end]
+
+    cache = SpanCache([0], len(DATA), capacity=len(DATA) * 4)
+    with pytest.raises(OSError):
+        cache.read(10, 10, flaky)
+    assert cache.read(10, 10, flaky) == DATA[10:20]
+    assert attempts == [0, 0]
+
+
+def make_tar_gz(path: Path, count: int) -> Dict[str, bytes]:
+    rng = random.Random(3)
+    members: Dict[str, bytes] = {}
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for i in range(count):
+            # Half random, half repetitive: about 2:1 compression, like image folders.
+            data = bytes(rng.getrandbits(8) for _ in range(rng.randrange(1, 3000))) + b"x" * 2000
+            name = f"d{i % 20}/f{i}.bin"
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+            members[name] = data
+    path.write_bytes(gzip.compress(buffer.getvalue(), compresslevel=1))
+    return members
+
+
+@pytest.mark.parametrize("backend", ["rapidgzip", "indexed_gzip"])
+def test_random_member_reads_decode_each_span_once(tmp_path: Path, backend: str) -> None:
+    archive = tmp_path / "a.tar.gz"
+    members = make_tar_gz(archive, 1500)
+    compression = CompressionOptions(gzip_backend=backend, seek_point_spacing=64 * 1024, parallelization=1)
+    opts = OpenOptions(index=IndexOptions(progress=False), compression=compression)
+    with ratarmountcore.open(str(archive), opts):
+        pass  # build the index with its seek points
+    with ratarmountcore.open(str(archive), opts) as src:
+        reader = src._reader  # type: ignore[attr-defined]
+        names = list(members)
+        random.Random(5).shuffle(names)
+        for name in names:
+            assert src.read(name) == members[name], name
+        spans = reader._spans
+        assert spans is not None, "seek points known, but no span cache"
+        assert spans.misses > 3  # the data spans several seek points
+        # Every span decoded at most once (the cache holds the whole 8 MB): no re-decoding.
+        assert spans.decoded_bytes <= reader.size
+        assert spans.hits > len(members) // 2
+
+
+def test_cache_size_zero_disables_the_cache(tmp_path: Path) -> None:
+    archive = tmp_path / "a.tar.gz"
+    members = make_tar_gz(archive, 300)
+    opts = OpenOptions(
+        index=IndexOptions(progress=False), compression=CompressionOptions(cache_size=0, parallelization=1)
+    )
+    with ratarmountcore.open(str(archive), opts) as src:
+        for name, data in members.items():
+            assert src.read(name) == data
+        assert src._reader._spans is None  # type: ignore[attr-defined]
