@@ -7,6 +7,7 @@ The writer knows nothing about tar parsing and the reader nothing about building
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import posixpath
@@ -105,6 +106,8 @@ class IndexWriter:
         self._next_id = 1
         self._explicit_dirs: Set[str] = set()
         self._ancestors: Set[str] = set()
+        self._paths: Set[str] = set()  # of all rows, to know whether any path occurs twice
+        self._has_duplicates = False
         self._last_parent = ""
         self._last_parent_bytes = b""
         self._has_hardlinks = False
@@ -145,6 +148,10 @@ class IndexWriter:
                 while parent_str != "/" and parent_str not in self._ancestors:
                     self._ancestors.add(parent_str)
                     parent_str = parent_str.rpartition("/")[0] or "/"
+        if path in self._paths:
+            self._has_duplicates = True
+        else:
+            self._paths.add(path)
         if kind == KIND_DIR:
             self._explicit_dirs.add(path)
         mtime_ns = record.mtime_ns
@@ -249,10 +256,13 @@ class IndexWriter:
             # Before marking overwritten rows: a link that tar cannot create is dropped, and the
             # older member of the same name stays visible (as it does on disk after tar -x).
             self._resolve_hardlinks()
-        self._mark_overwritten()
+        if self._has_duplicates:  # else every row is the latest one, as the column's default says
+            self._mark_overwritten()
         if self._has_hardlinks:
             self._count_hardlinks()
         self._count_dir_links()
+        totals = "SELECT COALESCE(SUM(size), 0), COUNT(*) FROM files WHERE latest = 1"
+        total_size, entries = conn.execute(totals).fetchone()
         meta = {
             **self._meta,
             "format_version": FORMAT_VERSION,
@@ -260,8 +270,8 @@ class IndexWriter:
             "archive_mtime_ns": str(self._stats.mtime_ns),
             "archive_fingerprint": self._stats.fingerprint,
             "members": str(self._count),
-            "total_size": str(conn.execute("SELECT COALESCE(SUM(size), 0) FROM files WHERE latest = 1").fetchone()[0]),
-            "entries": str(conn.execute("SELECT COUNT(*) FROM files WHERE latest = 1").fetchone()[0]),
+            "total_size": str(total_size),
+            "entries": str(entries),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         conn.executemany("INSERT OR REPLACE INTO metadata (key, value) VALUES (?, ?)", meta.items())
@@ -295,6 +305,8 @@ class IndexWriter:
                 row_id = self._next_id
                 self._next_id += 1
                 rows.append((row_id, parent, name, "d", 0o40755, 0, mtime_ns, uid, gid, row_id, IMPLICIT, 0))
+                if path in self._paths:  # a member that is not a folder has this path
+                    self._has_duplicates = True
         self._conn.executemany(
             "INSERT INTO files (id, parent, name, kind, mode, size, mtime_ns, uid, gid, ino, offset_header, "
             "offset_data) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -346,11 +358,10 @@ class IndexWriter:
 
     def _count_dir_links(self) -> None:
         conn = self._conn
-        subdirs: Dict[bytes, int] = dict(
-            conn.execute("SELECT parent, COUNT(*) FROM files WHERE kind = 'd' AND latest = 1 GROUP BY parent")
-        )
+        folders = conn.execute("SELECT id, parent, name, latest FROM files WHERE kind = 'd'").fetchall()
+        subdirs: Dict[bytes, int] = collections.Counter(parent for _, parent, _, latest in folders if latest)
         updates = []
-        for row_id, parent, name in conn.execute("SELECT id, parent, name FROM files WHERE kind = 'd'").fetchall():
+        for row_id, parent, name, _ in folders:
             path = b"/" if not name else (parent.rstrip(b"/") + b"/" + name)
             updates.append((2 + subdirs.get(path, 0), row_id))
         conn.executemany("UPDATE files SET nlink = ? WHERE id = ?", updates)

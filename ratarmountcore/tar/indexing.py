@@ -130,6 +130,8 @@ def _scan(
     plain = ctx.fd is not None and source == 0
     stream = ReaderStream(reader, size, read_ahead=16 * 1024 if plain else 1024 * 1024)
     progress = ctx.on_progress if depth == 0 else None
+    add = ctx.writer.add
+    descend = ctx.recursive and depth < MAX_DEPTH
     for record in TarScanner(stream, ctx.label, progress):  # type: ignore[arg-type]
         if prefix:
             record.path = prefix + record.path if record.path != "/" else prefix
@@ -137,16 +139,11 @@ def _scan(
                 continue  # the inner archive's own "./" entry: the folder is the member itself
             if record.kind == KIND_HARDLINK:  # its target is a path of the inner archive too
                 record.linkname = prefix + record.linkname if record.linkname != "/" else prefix
-        record.offset_header += base
-        record.offset_data += base
-        if not (
-            ctx.recursive
-            and depth < MAX_DEPTH
-            and record.kind == KIND_FILE
-            and record.sparse is None
-            and record.size >= MIN_ARCHIVE_SIZE
-        ):
-            ctx.writer.add(record, source)
+        if base:
+            record.offset_header += base
+            record.offset_data += base
+        if not (descend and record.kind == KIND_FILE and record.sparse is None and record.size >= MIN_ARCHIVE_SIZE):
+            add(record, source)
             ctx.count += 1
             continue
         head = reader.pread(record.offset_data - base, min(BLOCK, record.size))
