@@ -35,10 +35,14 @@ def test_lookups_and_listings_use_the_path_index(tmp_path: Path) -> None:
             f"SELECT {ROW_COLUMNS} FROM files WHERE parent = ? AND name = ? AND latest = 1 ORDER BY id DESC LIMIT 1",
             (b"/d1", b"f1"),
         ),
-        (f"SELECT {ROW_COLUMNS} FROM files WHERE parent = ? AND latest = 1", (b"/d1",)),
+        (
+            f"SELECT {ROW_COLUMNS} FROM files WHERE parent = ? AND latest = 1 ORDER BY name, id LIMIT ?",
+            (b"/d1", 100),
+        ),
     ):
         plan = " ".join(str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params))
         assert "USING INDEX files_by_path" in plan, plan
+        assert "TEMP B-TREE" not in plan, plan  # listings come out of the index in order
     meta = dict(conn.execute("SELECT key, value FROM metadata"))
     assert meta["format_version"] == FORMAT_VERSION
     assert int(meta["entries"]) == 210
@@ -82,3 +86,38 @@ def test_old_format_version_is_rebuilt(tmp_path: Path) -> None:
     conn.close()
     with ratarmountcore.open(str(archive)) as src:
         assert src.read("/d5/f5") == b"5"
+
+
+def test_lookups_in_one_folder_load_it_once_and_agree_with_the_index(tmp_path: Path) -> None:
+    """The folder-rows cache: same answers as single queries (appended duplicates: the newest
+    wins), one folder query after the second lookup, and large folders are not cached."""
+    archive = tmp_path / "a.tar"
+    with tarfile.open(archive, "w") as tar:
+        for i in range(300):
+            for version in range(2 if i % 50 == 0 else 1):  # some names appear twice
+                data = f"{i}-{version}".encode()
+                info = tarfile.TarInfo(f"small/f{i % 100}" if i < 100 else f"big/f{i}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    with ratarmountcore.open(str(archive)) as src:
+        index: IndexReader = src._index  # type: ignore[attr-defined]
+        folders = src._folder_rows  # type: ignore[attr-defined]
+        folders.max_entries = 150  # "big" (200 entries) is too large to cache
+        single = []
+        original = index.lookup
+
+        def counting_lookup(parent: bytes, name: bytes):  # type: ignore[no-untyped-def]
+            single.append((parent, name))
+            return original(parent, name)
+
+        index.lookup = counting_lookup  # type: ignore[method-assign]
+        for i in range(100):
+            info = src.lookup(f"/small/f{i}")
+            assert info is not None and info.locator.offset == original(b"/small", f"f{i}".encode())[12]
+            assert src.read(f"/small/f{i}") == (f"{i}-1" if i % 50 == 0 else f"{i}-0").encode()
+        assert src.lookup("/small/missing") is None
+        assert sum(1 for parent, _ in single if parent == b"/small") == 1  # then one folder load
+        for i in range(100, 300):
+            assert src.read(f"/big/f{i}") == (f"{i}-1" if i % 50 == 0 else f"{i}-0").encode()
+        assert sum(1 for parent, _ in single if parent == b"/big") >= 199  # not cached
+        assert folders.loads == 2

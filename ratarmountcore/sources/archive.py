@@ -12,6 +12,7 @@ from ..errors import ArchiveError, InvalidIndexError, NotFoundError, RatarmountE
 from ..formats import FormatId
 from ..index.builder import open_or_build
 from ..index.fingerprint import archive_stats
+from ..index.folder_rows import FolderRows
 from ..index.sqlite_index import IndexReader, IndexWriter, Row, decode_int, encode, split_path, unpack_sparse
 from ..io.readers import MemberFile, PlainFileReader, RandomAccessReader
 from ..options import CompressionOptions, OpenOptions
@@ -68,6 +69,7 @@ class ArchiveSource(MountSource):
         self._compression = compression or CompressionOptions()
         self._nested: Dict[int, RandomAccessReader] = {}
         self._nested_lock = threading.Lock()
+        self._folder_rows = FolderRows(index.list)
         meta = index.metadata
         mtime_ns = int(meta.get("archive_mtime_ns", "0"))
         self._root = FileInfo(
@@ -89,7 +91,8 @@ class ArchiveSource(MountSource):
     # --- primitives ---------------------------------------------------------------------------
     def lookup(self, path: str) -> Optional[FileInfo]:
         parent, name = split_path(path)
-        row = self._index.lookup(parent, name)
+        folder = self._folder_rows.rows(parent)
+        row = folder.get(name) if folder is not None else self._index.lookup(parent, name)
         if row is not None:
             info = row_to_info(row)
             if path == "/":  # the archive's own "./" entry: keep its metadata, but it is the root

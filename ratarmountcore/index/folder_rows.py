@@ -1,0 +1,65 @@
+"""Rows of recently used folders, kept for lookups.
+
+Lookups come in runs within one folder: ``ls -l``, a DataLoader opening the images of one class,
+a stat of every file of a tree. The first lookup in a folder is one indexed query; the second
+loads the folder's rows with one query (folders of up to ``max_entries`` entries), and every
+further lookup there is a dictionary hit instead of an SQLite round trip. The cache is bounded by
+the total number of rows it keeps (least recently used folders go first).
+
+The index is immutable while it is open, so cached rows never go stale.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Callable, Dict, List, Optional
+
+from .sqlite_index import Row
+
+#: Marks a folder too large to cache (or not worth it).
+_TOO_LARGE: Dict[bytes, Row] = {}
+
+
+class FolderRows:
+    def __init__(
+        self, load: Callable[[bytes, int], List[Row]], max_rows: int = 16384, max_entries: int = 4096
+    ) -> None:
+        """``load(parent, limit)`` returns at most ``limit`` rows of the folder in (name, id) order."""
+        self._load = load
+        self.max_rows = max_rows
+        self.max_entries = max_entries
+        self._lock = threading.Lock()
+        self._folders: "collections.OrderedDict[bytes, Dict[bytes, Row]]" = collections.OrderedDict()
+        self._rows = 0
+        #: Folders with one lookup so far (a second one loads the folder).
+        self._once: "collections.OrderedDict[bytes, None]" = collections.OrderedDict()
+        self.loads = 0
+
+    def rows(self, parent: bytes) -> Optional[Dict[bytes, Row]]:
+        """name -> newest row of the folder ``parent``, or None (then look the name up directly)."""
+        with self._lock:
+            rows = self._folders.get(parent)
+            if rows is not None:
+                self._folders.move_to_end(parent)
+                return rows if rows is not _TOO_LARGE else None
+            if parent not in self._once:
+                self._once[parent] = None
+                if len(self._once) > 1024:
+                    self._once.popitem(last=False)
+                return None
+            del self._once[parent]
+        loaded = self._load(parent, self.max_entries + 1)
+        self.loads += 1
+        if len(loaded) > self.max_entries:
+            found = _TOO_LARGE
+        else:
+            found = {row[2]: row for row in loaded}  # (name, id) order: the newest row wins
+        with self._lock:
+            if parent not in self._folders:
+                self._folders[parent] = found
+                self._rows += len(found)
+                while self._rows > self.max_rows and len(self._folders) > 1:
+                    _, old = self._folders.popitem(last=False)
+                    self._rows -= len(old)
+        return found if found is not _TOO_LARGE else None
