@@ -16,6 +16,7 @@ import stat
 import subprocess
 import sys
 import tarfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -541,3 +542,35 @@ def test_memory_bounds_across_readers(small_tar: Path, tmp_path: Path, monkeypat
             assert src.read(member) == content
             assert framed.FRAME_CACHE.cached_bytes <= 4 * SPACING
     assert framed.FRAME_CACHE.cached_bytes == 0  # closing drops the reader's frames
+
+
+@pytest.mark.parametrize("kind", ["zst-python-frames", "xz-cli-blocks"])
+def test_sequential_reads_decode_following_frames_ahead(
+    kind: str, large_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ratarmountcore.compression.framed import FramedReader
+
+    archive = compress(fresh_copy(large_tar, tmp_path), kind)
+    decoded_by: Dict[int, str] = {}
+    original = FramedReader._decode_frame
+
+    def recording(self: FramedReader, frame: int, table: FrameTable) -> bytes:
+        decoded_by[frame] = threading.current_thread().name
+        return original(self, frame, table)  # type: ignore[safe-super]
+
+    monkeypatch.setattr(FramedReader, "_decode_frame", recording)
+    plain = large_tar.read_bytes()
+    fmt = FormatId.ZSTD if kind.startswith("zst") else FormatId.XZ
+    opts = CompressionOptions(parallelization=2)
+    with open_compressed(str(archive), PlainFileReader(str(archive)), fmt, opts) as reader:
+        assert isinstance(reader, FramedReader) and len(reader.frames) >= 4
+        # Random reads of far-apart frames: nothing is decoded ahead.
+        frames = reader.frames
+        for frame in (len(frames) - 1, 0, len(frames) // 2):
+            offset = frames.decomp_offsets[frame]
+            assert reader.pread(offset, 100) == plain[offset : offset + 100]
+        assert not any("ahead" in name for name in decoded_by.values())
+        # A sequential pass: later frames come from the decode-ahead threads, bytes unchanged.
+        data = b"".join(reader.pread(offset, 256 * 1024) for offset in range(0, len(plain), 256 * 1024))
+        assert data == plain
+        assert sum("ahead" in name for name in decoded_by.values()) >= len(frames) // 2

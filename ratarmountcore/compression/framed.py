@@ -11,6 +11,11 @@ Thread safety and memory:
   ``FRAME_CACHE_BYTES`` bytes (shared by all readers, one lock). Decoding happens outside the lock
   (at most ``threads`` decodes per reader at a time, and one per frame: other threads wanting the
   same frame wait for it).
+* Sequential reads (each read in the frame of the previous one or the next) have the following
+  ``threads`` frames decoded ahead by background threads (the libraries release the GIL while
+  decoding), so the first mount of a multi-frame xz or zstd file decodes on all cores while the
+  scanner parses headers. Frames decoded ahead are held outside the LRU until first used, so
+  they never evict the frame being read (nor each other).
 * Larger frames cannot be cached. They are read through an ``InstancePool`` of streaming cursors
   (at most ``max_cursors`` per reader), each positioned somewhere inside one frame; a read
   continues the cursor closest behind it or restarts one at the frame start. Such files are slow
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import concurrent.futures
 import itertools
 import logging
 import struct
@@ -172,6 +178,11 @@ class FramedReader(CompressedReader):
             lambda: Slot(_Cursor(), position=-1), _Cursor.close, self.max_cursors
         )
         self._verified: Set[int] = set()
+        #: Frames decoded ahead for a sequential reader (see the module docstring).
+        self._ahead: Dict[int, "concurrent.futures.Future[bytes]"] = {}
+        self._ahead_depth = max(1, options.threads()) if options.threads() > 1 else 0
+        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._last_frame = -2
 
     # --- backend hooks ------------------------------------------------------------------------
     @abstractmethod
@@ -246,6 +257,9 @@ class FramedReader(CompressedReader):
             return b""
         pieces: List[bytes] = []
         frame = table.find(offset)
+        if self._ahead_depth and frame - self._last_frame in (0, 1):
+            self._decode_ahead(table, frame + 1)
+        self._last_frame = table.find(end - 1)
         position = offset
         while position < end:
             start = table.decomp_offsets[frame]
@@ -261,11 +275,32 @@ class FramedReader(CompressedReader):
             frame += 1
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
+    def _decode_ahead(self, table: FrameTable, first: int) -> None:
+        with self._inflight_lock:
+            for frame in range(first, min(first + self._ahead_depth, len(table))):
+                if table.decomp_sizes[frame] > self.whole_frame_limit:
+                    break
+                if frame in self._ahead or frame in self._inflight:
+                    continue
+                if FRAME_CACHE.get((self._token, frame)) is not None:
+                    continue
+                if self._executor is None:
+                    self._executor = concurrent.futures.ThreadPoolExecutor(
+                        self._ahead_depth, thread_name_prefix=f"{self.format_name}-ahead"
+                    )
+                self._ahead[frame] = self._executor.submit(self._decode_checked, frame, table)
+
     def _cached_frame(self, frame: int, table: FrameTable) -> bytes:
         key = (self._token, frame)
         while True:
             data = FRAME_CACHE.get(key)
             if data is not None:
+                return data
+            with self._inflight_lock:
+                ahead = self._ahead.pop(frame, None)
+            if ahead is not None:
+                data = ahead.result()  # a decode error surfaces here, for this read
+                FRAME_CACHE.put(key, data)
                 return data
             with self._inflight_lock:
                 event = self._inflight.get(frame)
@@ -274,22 +309,26 @@ class FramedReader(CompressedReader):
                     break
             event.wait()  # another thread decodes it; on its failure we try ourselves
         try:
-            with self._decode_slots:
-                with self.data_errors():
-                    data = self._decode_frame(frame, table)
-            self.stats.frames_decoded += 1
-            if len(data) != table.decomp_sizes[frame]:
-                raise CorruptDataError(
-                    f"{self.path}: {self.format_name} frame at byte {table.comp_offsets[frame]} decompressed to "
-                    f"{len(data)} bytes instead of {table.decomp_sizes[frame]}"
-                )
-            self._verified.add(frame)
+            data = self._decode_checked(frame, table)
             FRAME_CACHE.put(key, data)
             return data
         finally:
             with self._inflight_lock:
                 self._inflight.pop(frame, None)
             event.set()
+
+    def _decode_checked(self, frame: int, table: FrameTable) -> bytes:
+        with self._decode_slots:
+            with self.data_errors():
+                data = self._decode_frame(frame, table)
+        self.stats.frames_decoded += 1
+        if len(data) != table.decomp_sizes[frame]:
+            raise CorruptDataError(
+                f"{self.path}: {self.format_name} frame at byte {table.comp_offsets[frame]} decompressed to "
+                f"{len(data)} bytes instead of {table.decomp_sizes[frame]}"
+            )
+        self._verified.add(frame)
+        return data
 
     # --- large frames -------------------------------------------------------------------------
     def _stream_read(self, frame: int, position: int, size: int, table: FrameTable) -> bytes:
@@ -345,6 +384,10 @@ class FramedReader(CompressedReader):
 
     def close(self) -> None:
         try:
+            executor, self._executor = self._executor, None
+            if executor is not None:
+                executor.shutdown(wait=True, cancel_futures=True)
+            self._ahead.clear()
             self._cursors.close()
             FRAME_CACHE.drop(self._token)
         finally:
