@@ -552,17 +552,18 @@ def test_sequential_reads_decode_following_frames_ahead(
 
     archive = compress(fresh_copy(large_tar, tmp_path), kind)
     decoded_by: Dict[int, str] = {}
-    original = FramedReader._decode_frame
-
-    def recording(self: FramedReader, frame: int, table: FrameTable) -> bytes:
-        decoded_by[frame] = threading.current_thread().name
-        return original(self, frame, table)  # type: ignore[safe-super]
-
-    monkeypatch.setattr(FramedReader, "_decode_frame", recording)
     plain = large_tar.read_bytes()
     fmt = FormatId.ZSTD if kind.startswith("zst") else FormatId.XZ
     opts = CompressionOptions(parallelization=2)
     with open_compressed(str(archive), PlainFileReader(str(archive)), fmt, opts) as reader:
+        assert isinstance(reader, FramedReader)
+        original = type(reader)._decode_frame
+
+        def recording(self: FramedReader, frame: int, table: FrameTable) -> bytes:
+            decoded_by[frame] = threading.current_thread().name
+            return original(self, frame, table)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(type(reader), "_decode_frame", recording)
         assert isinstance(reader, FramedReader) and len(reader.frames) >= 4
         # Random reads of far-apart frames: nothing is decoded ahead.
         frames = reader.frames
