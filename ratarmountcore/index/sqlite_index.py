@@ -80,30 +80,6 @@ def unpack_sparse(blob: Optional[bytes]) -> Optional[Tuple[Tuple[int, int], ...]
     return tuple(zip(flat[0::2], flat[1::2]))
 
 
-#: Columns given for rows whose other columns keep their defaults (see ``IndexWriter.add``).
-_SIMPLE_COLUMNS = (
-    "id",
-    "parent",
-    "name",
-    "kind",
-    "mode",
-    "size",
-    "mtime_ns",
-    "uid",
-    "gid",
-    "ino",
-    "offset_header",
-    "offset_data",
-)
-#: Rows per multi-row INSERT; 80 * 12 parameters stay below SQLite's old limit of 999.
-_ROWS_PER_INSERT = 80
-_SIMPLE_ROW = "(" + ",".join("?" * len(_SIMPLE_COLUMNS)) + ")"
-_SIMPLE_INSERT = f"INSERT INTO files ({', '.join(_SIMPLE_COLUMNS)}) VALUES {_SIMPLE_ROW}"
-_SIMPLE_INSERT_MANY = f"INSERT INTO files ({', '.join(_SIMPLE_COLUMNS)}) VALUES " + ",".join(
-    [_SIMPLE_ROW] * _ROWS_PER_INSERT
-)
-
-
 class IndexWriter:
     """Builds an index in ``<final>.tmp-<uuid>`` and renames it into place on ``commit``.
 
@@ -126,8 +102,7 @@ class IndexWriter:
         self._conn.executescript(_sql("schema.sql"))
         self._conn.execute("BEGIN")
         self._batch: List[tuple] = []  # rows that need every column
-        self._simple_batch: List[object] = []  # rows whose other columns keep their defaults, flat
-        self._batch_limit = self.BATCH * len(_SIMPLE_COLUMNS)
+        self._simple_batch: List[tuple] = []  # rows whose other columns keep their defaults
         self._next_id = 1
         self._explicit_dirs: Set[str] = set()
         self._ancestors: Set[str] = set()
@@ -189,10 +164,9 @@ class IndexWriter:
             and _INT64_MIN <= mtime_ns <= _INT64_MAX
         ):
             # The common row: the columns left out keep their defaults, and binding fewer
-            # parameters makes the bulk insert about a third faster. Kept flat, for multi-row
-            # INSERTs.
-            flat = self._simple_batch
-            flat.extend(
+            # parameters makes the bulk insert about a third faster.
+            simple = self._simple_batch
+            simple.append(
                 (
                     row_id,
                     parent,
@@ -208,7 +182,7 @@ class IndexWriter:
                     record.offset_data,
                 )
             )
-            if len(flat) >= self._batch_limit:
+            if len(simple) >= self.BATCH:
                 self._flush()
         else:
             is_hardlink = kind == KIND_HARDLINK
@@ -242,21 +216,13 @@ class IndexWriter:
         return row_id
 
     def _flush(self) -> None:
-        flat = self._simple_batch
-        if flat:
-            # One statement per _ROWS_PER_INSERT rows: executemany's per-row overhead in the
-            # sqlite3 module costs more than SQLite's own work for these small rows.
-            width = len(_SIMPLE_COLUMNS)
-            step = width * _ROWS_PER_INSERT
-            whole = len(flat) - len(flat) % step
-            execute = self._conn.execute
-            for start in range(0, whole, step):
-                execute(_SIMPLE_INSERT_MANY, flat[start : start + step])
-            if whole < len(flat):
-                self._conn.executemany(
-                    _SIMPLE_INSERT, [flat[start : start + width] for start in range(whole, len(flat), width)]
-                )
-            flat.clear()
+        if self._simple_batch:
+            self._conn.executemany(
+                "INSERT INTO files (id, parent, name, kind, mode, size, mtime_ns, uid, gid, ino, "
+                "offset_header, offset_data) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                self._simple_batch,
+            )
+            self._simple_batch.clear()
         if self._batch:
             self._conn.executemany(
                 "INSERT INTO files (id, parent, name, kind, mode, size, mtime_ns, uid, gid, ino, linkname, "

@@ -69,7 +69,7 @@ _SIMPLE = frozenset((b"0", b"\0", b"7", b"1", b"2", b"5"))
 #: linkname, magic, (version, uname, gname, devmajor, devminor skipped), prefix.
 _HEADER = struct.Struct("100s8s8s8s12s12s8sc100s6s82x155s")
 #: Bytes read at a time around headers (see ``TarScanner.__iter__``).
-_READ_SIZE = 16 * 1024
+_READ_SIZE = 64 * 1024
 
 Extents = List[Tuple[int, int]]  # (offset in the file, length); data stored back to back
 
