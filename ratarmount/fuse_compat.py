@@ -64,7 +64,9 @@ if fuse is not None:
             """Read straight into libfuse's buffer (no bytes object, no extra copy)."""
             address = ctypes.cast(buf, ctypes.c_void_p).value
             view = memoryview((ctypes.c_char * size).from_address(address)).cast("B")  # type: ignore[arg-type]
-            return int(self.operations.read_into(view, offset, fip.contents.fh))
+            fh = fip.contents.fh
+            decoded = None if fh or path is None else path.decode(self.encoding, self.errors)
+            return int(self.operations.read_into(view, offset, fh, decoded))
 
         def fgetattr(self, path: Optional[bytes], buf: Any, fip: Any) -> int:
             """getattr without the attribute dict: copy the packed ``struct stat`` into place."""

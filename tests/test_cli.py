@@ -438,3 +438,45 @@ def test_read_ahead_is_raised_when_permitted(mounter: Mounter, archive: Path) ->
     assert _read_ahead_kib(default) != 2048
     name = next(iter(FILES))
     assert (raised / name).read_bytes() == (default / name).read_bytes() == FILES[name]
+
+
+def _kernel_at_least(major: int, minor: int) -> bool:
+    parts = os.uname().release.split(".")
+    try:
+        return (int(parts[0]), int(parts[1].split("-")[0])) >= (major, minor)
+    except (IndexError, ValueError):
+        return False
+
+
+@requires_fuse
+def test_files_are_read_without_open_and_release_round_trips(tmp_path: Path, archive: Path) -> None:
+    """After the first OPEN (answered ENOSYS), the kernel opens files without asking us and reads
+    come by path; the bytes must be the same, and no RELEASE is ever sent."""
+    if not _kernel_at_least(5, 10):
+        pytest.skip("zero-message opens need a newer kernel")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    log = tmp_path / "fuse.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([*RATARMOUNT, "-f", "-d", "-d", str(archive), str(mnt)], stderr=err)
+    try:
+        for _ in range(200):
+            if os.path.ismount(mnt):
+                break
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.05)
+        for name, data in FILES.items():
+            assert (mnt / name).read_bytes() == data
+            with open(mnt / name, "rb") as f:  # again, and at an offset
+                f.seek(len(data) // 2)
+                assert f.read() == data[len(data) // 2 :]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        lazy_unmount(mnt)
+    opcodes = [line.split("opcode: ")[1].split(" ")[0].rstrip(",") for line in log.read_text().splitlines()
+               if "opcode: " in line]
+    assert opcodes.count("READ") >= len(FILES)
+    assert opcodes.count("OPEN") == 1 and opcodes.count("RELEASE") == 0, sorted(set(opcodes))
