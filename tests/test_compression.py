@@ -575,3 +575,54 @@ def test_sequential_reads_decode_following_frames_ahead(
         data = b"".join(reader.pread(offset, 256 * 1024) for offset in range(0, len(plain), 256 * 1024))
         assert data == plain
         assert sum("ahead" in name for name in decoded_by.values()) >= len(frames) // 2
+
+
+def test_reader_stream_never_rereads_what_it_already_read() -> None:
+    """Reads straddling the read-ahead window continue at its end: a streaming decoder below
+    sees forward reads only (an overlap made single-frame zstd restart its frame per window)."""
+    data = bytes(random.Random(4).getrandbits(8) for _ in range(300_000))
+    calls: List[Tuple[int, int]] = []
+
+    class Recording:
+        size = len(data)
+
+        def pread(self, offset: int, size: int) -> bytes:
+            calls.append((offset, size))
+            return data[offset : offset + size]
+
+    stream = ReaderStream(Recording(), len(data), read_ahead=16 * 1024)  # type: ignore[arg-type]
+    rng = random.Random(5)
+    while True:
+        if rng.random() < 0.1:
+            stream.seek(rng.randrange(0, 3000), io.SEEK_CUR)  # skip a member's data
+        position = stream.tell()
+        chunk = stream.read(rng.choice([512, 5000, 10_000]))
+        assert chunk == data[position : position + len(chunk)]
+        if not chunk:
+            break
+    ends = [offset + size for offset, size in calls]
+    assert all(calls[i + 1][0] >= min(ends[i], len(data)) for i in range(len(calls) - 1)), calls
+
+
+def test_single_frame_zstd_index_build_streams_the_frame_once(
+    tmp_path: Path, large_tar: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ratarmountcore.compression.zstd import ZstdReader
+
+    monkeypatch.setattr(ZstdReader, "whole_frame_limit", 1 << 20)  # stream the 10 MB frame
+    archive = compress(fresh_copy(large_tar, tmp_path), "zst-cli")
+    opened = []
+    original = ZstdReader._open_stream
+
+    def counting(self: ZstdReader, frame: int, table: FrameTable):  # type: ignore[no-untyped-def]
+        opened.append(frame)
+        return original(self, frame, table)
+
+    ZstdReader._open_stream = counting  # type: ignore[method-assign]
+    try:
+        with ratarmountcore.open(str(archive), options()) as src:
+            streams_for_index = len(opened)
+            compare_with_tarfile(src, large_tar)
+    finally:
+        ZstdReader._open_stream = original  # type: ignore[method-assign]
+    assert streams_for_index == 1  # building the index decodes the frame in one forward pass

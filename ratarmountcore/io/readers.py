@@ -122,16 +122,28 @@ class ReaderStream(io.RawIOBase):
         if size is None or size < 0:
             size = max(0, self._total_size() - self._pos)
         start = self._pos - self._window_start
-        if 0 <= start and start + size <= len(self._window):
-            data = self._window[start : start + size]
-        elif size >= self._read_ahead:
+        head = b""
+        if 0 <= start < len(self._window):
+            if start + size <= len(self._window):
+                data = self._window[start : start + size]
+                self._pos += len(data)
+                return data
+            # Straddles the window's end: keep its tail and continue from there, so the reader
+            # sees forward reads that never overlap (a streaming decoder would otherwise have to
+            # restart from the start of its frame for the overlap).
+            head = self._window[start:]
+            self._pos += len(head)
+            size -= len(head)
+            if len(head) < self._read_ahead and len(self._window) < self._read_ahead:
+                return head  # the window ended at the end of the data
+        if size >= self._read_ahead:
             data = self._reader.pread(self._pos, size)
         else:
             self._window = self._reader.pread(self._pos, self._read_ahead)
             self._window_start = self._pos
             data = self._window[:size]
         self._pos += len(data)
-        return data
+        return head + data if head else data
 
     def readable(self) -> bool:
         return True
