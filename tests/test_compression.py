@@ -570,6 +570,10 @@ def test_sequential_reads_decode_following_frames_ahead(
         for frame in (len(frames) - 1, 0, len(frames) // 2):
             offset = frames.decomp_offsets[frame]
             assert reader.pread(offset, 100) == plain[offset : offset + 100]
+        # A member read in pieces inside one frame (the kernel's reads of one small file) either.
+        mid = frames.decomp_offsets[len(frames) // 2]
+        for piece in range(0, 8192, 1024):
+            assert reader.pread(mid + piece, 1024) == plain[mid + piece : mid + piece + 1024]
         assert not any("ahead" in name for name in decoded_by.values())
         # A sequential pass: later frames come from the decode-ahead threads, bytes unchanged.
         data = b"".join(reader.pread(offset, 256 * 1024) for offset in range(0, len(plain), 256 * 1024))

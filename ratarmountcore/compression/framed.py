@@ -11,7 +11,7 @@ Thread safety and memory:
   ``FRAME_CACHE_BYTES`` bytes (shared by all readers, one lock). Decoding happens outside the lock
   (at most ``threads`` decodes per reader at a time, and one per frame: other threads wanting the
   same frame wait for it).
-* Sequential reads (each read in the frame of the previous one or the next) have the following
+* Sequential reads (a read that moves on into the frame after the previous read's) have the following
   ``threads`` frames decoded ahead by background threads (the libraries release the GIL while
   decoding), so the first mount of a multi-frame xz or zstd file decodes on all cores while the
   scanner parses headers. Frames decoded ahead are held outside the LRU until first used, so
@@ -257,7 +257,9 @@ class FramedReader(CompressedReader):
             return b""
         pieces: List[bytes] = []
         frame = table.find(offset)
-        if self._ahead_depth and frame - self._last_frame in (0, 1):
+        if self._ahead_depth and frame == self._last_frame + 1:
+            # Reads moved on into the next frame: a sequential pass (a small member read in
+            # pieces stays inside one frame and triggers nothing).
             self._decode_ahead(table, frame + 1)
         self._last_frame = table.find(end - 1)
         position = offset
