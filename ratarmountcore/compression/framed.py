@@ -257,11 +257,12 @@ class FramedReader(CompressedReader):
             return b""
         pieces: List[bytes] = []
         frame = table.find(offset)
-        if self._ahead_depth and frame == self._last_frame + 1:
-            # Reads moved on into the next frame: a sequential pass (a small member read in
-            # pieces stays inside one frame and triggers nothing).
-            self._decode_ahead(table, frame + 1)
-        self._last_frame = table.find(end - 1)
+        last = table.find(end - 1)
+        if self._ahead_depth and self._last_frame <= frame <= self._last_frame + 1 and last > self._last_frame:
+            # Contiguous reads moved on into a new frame: a sequential pass (a small member read
+            # in pieces stays inside one frame and triggers nothing).
+            self._decode_ahead(table, last + 1)
+        self._last_frame = last
         position = offset
         while position < end:
             start = table.decomp_offsets[frame]
