@@ -142,3 +142,27 @@ def test_cache_size_zero_disables_the_cache(tmp_path: Path) -> None:
         for name, data in members.items():
             assert src.read(name) == data
         assert src._reader._spans is None  # type: ignore[attr-defined]
+
+
+def test_all_caches_of_the_process_share_one_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A union of many compressed archives keeps at most one cache's capacity of decoded data."""
+    from ratarmountcore.compression import spans
+
+    monkeypatch.setattr(spans, "_PROCESS", spans._ProcessBudget())
+    monkeypatch.setattr(spans, "_PROCESS_BUDGET", [0])
+    starts = list(range(0, len(DATA), 1000))
+    caches = [SpanCache(starts, len(DATA), capacity=4000) for _ in range(5)]
+    decode = CountingDecoder(DATA)
+    for round_ in range(2):
+        for cache in caches:
+            for offset in range(0, 4000, 1000):
+                assert cache.read(offset + round_, 10, decode) == DATA[offset + round_ : offset + round_ + 10]
+            assert sum(c.cached_bytes for c in caches) <= 4000
+    assert spans._PROCESS.bytes == sum(c.cached_bytes for c in caches) <= 4000
+    # The most recently used spans are the ones kept: the last cache still hits.
+    calls = len(decode.calls)
+    caches[-1].read(3500, 10, decode)
+    assert len(decode.calls) == calls
+    for cache in caches:
+        cache.clear()
+    assert spans._PROCESS.bytes == 0

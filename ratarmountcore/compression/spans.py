@@ -7,6 +7,10 @@ a few decoders in a pool, random reads of small members kept decoding the same s
 the span ``[start, next seek point)`` that holds a read is decoded once, as a whole, and kept in
 a per-file LRU bounded in bytes, so that later reads anywhere in it are a copy.
 
+The bound holds per process too: all caches share one LRU of spans, limited to the largest
+capacity any of them was given, so a union mount of 200 compressed archives keeps at most that
+much decoded data in all (not 200 times it).
+
 Concurrent misses on the same span decode it once: the first thread decodes, the others wait
 for its result (or its failure, after which they try themselves). Decode errors are never
 cached, so corrupt data keeps failing the reads that touch it.
@@ -17,7 +21,56 @@ from __future__ import annotations
 import bisect
 import collections
 import threading
+import weakref
 from typing import Callable, Dict, List, Optional, Tuple
+
+
+class _ProcessBudget:
+    """LRU of the spans of all caches of the process. Its lock is never held together with a
+    cache's lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lru: "collections.OrderedDict[Tuple[int, int], Tuple[weakref.ref[SpanCache], int]]" = (
+            collections.OrderedDict()
+        )
+        self.bytes = 0
+
+    def touch(self, cache: "SpanCache", start: int) -> None:
+        with self._lock:
+            key = (id(cache), start)
+            if key in self._lru:
+                self._lru.move_to_end(key)
+
+    def add(self, cache: "SpanCache", start: int, size: int, budget: int) -> None:
+        victims = []
+        with self._lock:
+            key = (id(cache), start)
+            old = self._lru.pop(key, None)
+            if old is not None:
+                self.bytes -= old[1]
+            self._lru[key] = (weakref.ref(cache), size)
+            self.bytes += size
+            while self.bytes > budget and len(self._lru) > 1:
+                (_, victim_start), (ref, victim_size) = self._lru.popitem(last=False)
+                self.bytes -= victim_size
+                victims.append((ref, victim_start))
+        for ref, victim_start in victims:
+            owner = ref()
+            if owner is not None:
+                owner._drop(victim_start)
+
+    def forget(self, cache: "SpanCache", starts: List[int]) -> None:
+        with self._lock:
+            for start in starts:
+                entry = self._lru.pop((id(cache), start), None)
+                if entry is not None:
+                    self.bytes -= entry[1]
+
+
+_PROCESS = _ProcessBudget()
+#: Largest capacity given to any cache: the process-wide bound.
+_PROCESS_BUDGET = [0]
 
 
 class SpanCache:
@@ -28,6 +81,7 @@ class SpanCache:
         self._ends = points[1:] + [size]
         self.size = size
         self.capacity = capacity
+        _PROCESS_BUDGET[0] = max(_PROCESS_BUDGET[0], capacity)
         #: Spans longer than this are not cached (the caller reads them directly).
         self.max_span = max(1, capacity // 4)
         self._lock = threading.Lock()
@@ -89,12 +143,17 @@ class SpanCache:
                 if data is not None:
                     self._spans.move_to_end(start)
                     self.hits += 1
-                    return data
-                event = self._pending.get(start)
-                if event is None:
-                    event = self._pending[start] = threading.Event()
-                    self.misses += 1
-                    break
+                    event = None
+                else:
+                    event = self._pending.get(start)
+                    if event is None:
+                        event = self._pending[start] = threading.Event()
+                        self.misses += 1
+                        break
+            if data is not None:
+                _PROCESS.touch(self, start)
+                return data
+            assert event is not None
             event.wait()  # another thread decodes this span; then look again
         try:
             data = decode(start, stop)
@@ -103,21 +162,34 @@ class SpanCache:
                 del self._pending[start]
             event.set()
             raise
+        evicted = []
         with self._lock:
             del self._pending[start]
             self.decoded_bytes += len(data)
             self._spans[start] = data
             self._bytes += len(data)
             while self._bytes > self.capacity and len(self._spans) > 1:
-                _, old = self._spans.popitem(last=False)
+                old_start, old = self._spans.popitem(last=False)
                 self._bytes -= len(old)
+                evicted.append(old_start)
         event.set()
+        _PROCESS.forget(self, evicted)
+        _PROCESS.add(self, start, len(data), _PROCESS_BUDGET[0])
         return data
+
+    def _drop(self, start: int) -> None:
+        """Evicted by the process-wide bound."""
+        with self._lock:
+            data = self._spans.pop(start, None)
+            if data is not None:
+                self._bytes -= len(data)
 
     def clear(self) -> None:
         with self._lock:
+            starts = list(self._spans)
             self._spans.clear()
             self._bytes = 0
+        _PROCESS.forget(self, starts)
 
     @property
     def cached_bytes(self) -> int:
