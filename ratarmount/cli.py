@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=32.0,
         metavar="MiB",
-        help="decoded data kept per compressed archive for reads close to earlier ones (default 32; 0: off)",
+        help="decoded data kept, all compressed archives together, for reads near earlier ones (default 32; 0: off)",
     )
     parser.add_argument(
         "--read-ahead",

@@ -28,7 +28,8 @@ class CompressionOptions:
     gzip_backend: Optional[str] = None
     #: Spacing of decompressor seek points in bytes of decompressed data.
     seek_point_spacing: int = 1024 * 1024
-    #: Decoded data kept per compressed file (bytes) so that reads near each other decode once;
+    #: Decoded data kept (bytes; one bound for all compressed files of the process) so that reads
+    #: near each other decode once;
     #: 0 disables the cache.
     cache_size: int = 32 * 1024 * 1024
 
