@@ -152,11 +152,13 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
 
     @translate_errors
     def readdir(self, path: str, fh: int) -> Iterable[Union[str, Tuple[str, Dict[str, int], int]]]:
-        """Used by libfuse 2 only; libfuse 3 goes through ``fuse_compat.FUSE.readdir_fuse_3``."""
-        entries = self.source.list_entries(path) or []
-        return [(".", info_to_attrs(self._info(path)), 0), ("..", {"st_mode": 0o40755}, 0)] + [
-            (name, info_to_attrs(info), 0) for name, info in entries
-        ]
+        """Used by libfuse 2 only (libfuse 3 goes through ``fuse_compat.FUSE.readdir_fuse_3``):
+        the listing ``opendir`` prepared, with the type and inode, all libfuse 2 passes on."""
+        entries: List[Tuple[str, Dict[str, int], int]] = []
+        for name, packed, _flags in self.listing(fh):
+            st = fuse.c_stat.from_buffer_copy(packed)
+            entries.append((name.decode(ENCODING, "surrogateescape"), {"st_mode": st.st_mode, "st_ino": st.st_ino}, 0))
+        return entries
 
     def releasedir(self, path: str, fh: int) -> int:
         self._listings.pop(fh, None)
@@ -197,13 +199,9 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
 
     @translate_errors
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
-        if fh == 0:
-            view = memoryview(bytearray(size))
-            return bytes(view[: self.read_into(view, offset, fh, path)])
-        member = self._handles.get(fh)
-        if member is None:
-            raise fuse.FuseOSError(errno.EBADF)
-        return member.pread(offset, size)
+        """mfusepy's bytes-returning read (``fuse_compat.FUSE`` reads into libfuse's buffer)."""
+        view = memoryview(bytearray(size))
+        return bytes(view[: self.read_into(view, offset, fh, path)])
 
     def release(self, path: str, fh: int) -> int:
         member = self._handles.pop(fh, None)

@@ -149,7 +149,6 @@ def test_all_caches_of_the_process_share_one_bound(monkeypatch: pytest.MonkeyPat
     from ratarmountcore.compression import spans
 
     monkeypatch.setattr(spans, "_PROCESS", spans._ProcessBudget())
-    monkeypatch.setattr(spans, "_PROCESS_BUDGET", [0])
     starts = list(range(0, len(DATA), 1000))
     caches = [SpanCache(starts, len(DATA), capacity=4000) for _ in range(5)]
     decode = CountingDecoder(DATA)

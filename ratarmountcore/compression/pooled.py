@@ -126,14 +126,13 @@ class PooledReader(CompressedReader):
                 return b""
             size = min(size, known - offset)
             spans = self._spans
-            if spans is not None and size <= spans.max_span and spans.covers(offset, size):
+            if spans is not None and spans.covers(offset, size):
                 return spans.read(offset, size, self._decode_span)
         return self._pread_direct(offset, size)
 
     def preadinto(self, offset: int, view: memoryview) -> int:
         spans = self._spans
-        size = len(view)
-        if spans is not None and 0 <= offset and size <= spans.max_span and spans.covers(offset, size):
+        if spans is not None and spans.covers(offset, len(view)):
             return spans.readinto(offset, view, self._decode_span)
         return super().preadinto(offset, view)
 

@@ -35,6 +35,8 @@ class _ProcessBudget:
             collections.OrderedDict()
         )
         self.bytes = 0
+        #: The largest capacity given to any cache: the bound for the whole process.
+        self.budget = 0
 
     def touch(self, cache: "SpanCache", start: int) -> None:
         with self._lock:
@@ -42,7 +44,7 @@ class _ProcessBudget:
             if key in self._lru:
                 self._lru.move_to_end(key)
 
-    def add(self, cache: "SpanCache", start: int, size: int, budget: int) -> None:
+    def add(self, cache: "SpanCache", start: int, size: int) -> None:
         victims = []
         with self._lock:
             key = (id(cache), start)
@@ -51,7 +53,7 @@ class _ProcessBudget:
                 self.bytes -= old[1]
             self._lru[key] = (weakref.ref(cache), size)
             self.bytes += size
-            while self.bytes > budget and len(self._lru) > 1:
+            while self.bytes > self.budget and len(self._lru) > 1:
                 (_, victim_start), (ref, victim_size) = self._lru.popitem(last=False)
                 self.bytes -= victim_size
                 victims.append((ref, victim_start))
@@ -69,8 +71,6 @@ class _ProcessBudget:
 
 
 _PROCESS = _ProcessBudget()
-#: Largest capacity given to any cache: the process-wide bound.
-_PROCESS_BUDGET = [0]
 
 
 class SpanCache:
@@ -81,9 +81,10 @@ class SpanCache:
         self._ends = points[1:] + [size]
         self.size = size
         self.capacity = capacity
-        _PROCESS_BUDGET[0] = max(_PROCESS_BUDGET[0], capacity)
+        _PROCESS.budget = max(_PROCESS.budget, capacity)
         #: Spans longer than this are not cached (the caller reads them directly).
         self.max_span = max(1, capacity // 4)
+        self._all_cacheable = max(e - s for s, e in zip(self._starts, self._ends)) <= self.max_span
         self._lock = threading.Lock()
         self._spans: "collections.OrderedDict[int, bytes]" = collections.OrderedDict()
         self._bytes = 0
@@ -97,7 +98,12 @@ class SpanCache:
         return self._starts[i], self._ends[i]
 
     def covers(self, offset: int, size: int) -> bool:
-        """True when every span touched by ``[offset, offset + size)`` is small enough to cache."""
+        """True when the cache serves ``[offset, offset + size)``: a read no longer than the
+        largest cacheable span, touching only spans small enough to cache."""
+        if offset < 0 or size > self.max_span:
+            return False
+        if self._all_cacheable:
+            return True
         end = min(offset + size, self.size)
         while offset < end:
             start, stop = self.span_of(offset)
@@ -174,7 +180,7 @@ class SpanCache:
                 evicted.append(old_start)
         event.set()
         _PROCESS.forget(self, evicted)
-        _PROCESS.add(self, start, len(data), _PROCESS_BUDGET[0])
+        _PROCESS.add(self, start, len(data))
         return data
 
     def _drop(self, start: int) -> None:

@@ -134,7 +134,7 @@ class ReaderStream(io.RawIOBase):
             head = self._window[start:]
             self._pos += len(head)
             size -= len(head)
-            if len(head) < self._read_ahead and len(self._window) < self._read_ahead:
+            if len(self._window) < self._read_ahead:
                 return head  # the window ended at the end of the data
         if size >= self._read_ahead:
             data = self._reader.pread(self._pos, size)
