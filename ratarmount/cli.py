@@ -28,6 +28,8 @@ class MountOptions:
     fuse_options: Dict[str, Union[str, bool]] = field(default_factory=dict)
     #: Kernel read-ahead of the mount in KiB (set through sysfs when permitted); 0: kernel default.
     read_ahead_kib: int = 1024
+    #: "auto" (libfuse 3's low-level API when it can serve the options), "low" or "high".
+    fuse_api: str = "auto"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="kernel read-ahead of the mount (default 1024; the kernel's FUSE default is 128); needs write "
         "access to /sys/class/bdi (root), else the kernel's default stays; 0 leaves it alone",
     )
+    parser.add_argument(
+        "--fuse-api",
+        choices=["auto", "low", "high"],
+        default="auto",
+        help="libfuse API: low-level (libfuse 3, the default when available) or high-level (mfusepy)",
+    )
     parser.add_argument("--version", action="store_true", help="print versions of ratarmount and its backends")
     parser.add_argument(
         "-d",
@@ -142,6 +150,7 @@ def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         debug=args.debug,
         fuse_options=parse_fuse_options(args.fuse),
         read_ahead_kib=args.read_ahead,
+        fuse_api=args.fuse_api,
     )
 
 

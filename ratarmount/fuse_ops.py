@@ -30,7 +30,8 @@ FUSE_CAP_NO_OPEN_SUPPORT = 1 << 17  # libfuse 3
 ENCODING = "utf-8"  # of names handed to libfuse, as mfusepy decodes paths (with surrogateescape)
 
 
-def _errno_of(exc: BaseException) -> int:
+def errno_of(exc: BaseException) -> int:
+    """The errno a failed request answers with (EIO for anything unexpected)."""
     if isinstance(exc, RatarmountError):
         return exc.errno_code
     if isinstance(exc, OSError) and exc.errno:
@@ -48,7 +49,7 @@ def translate_errors(method: F) -> F:
         except fuse.FuseOSError:
             raise
         except Exception as exc:
-            code = _errno_of(exc)
+            code = errno_of(exc)
             if code == errno.EIO:
                 logger.error(
                     "%s%s failed: %s", method.__name__, args[1:2], exc, exc_info=logger.isEnabledFor(logging.DEBUG)

@@ -89,6 +89,18 @@ def _tame_malloc() -> None:
         pass
 
 
+def _use_low_level(options: MountOptions) -> bool:
+    if options.fuse_api == "high":
+        return False
+    from . import lowlevel
+
+    if options.fuse_api == "low":
+        if lowlevel.library() is None:
+            raise RatarmountError("--fuse-api low needs libfuse 3.12 or later")
+        return True
+    return lowlevel.usable(options.fuse_options)
+
+
 def run_fuse(
     options: MountOptions,
     on_ready: Optional[Callable[[], None]],
@@ -121,6 +133,17 @@ def run_fuse(
             elif on_ready is not None:
                 on_ready()
 
+        if _use_low_level(options):
+            from .lowlevel import LowLevelFuse, session_arguments
+            from .lowlevel_ops import LowLevelOperations
+
+            fsname = str(fuse_kwargs(options, label)["fsname"])
+            LowLevelFuse(LowLevelOperations(source, ready)).serve(
+                options.mountpoint, session_arguments(options.fuse_options, fsname, options.debug >= 2)
+            )
+            if not mounted:
+                raise RatarmountError(f"cannot mount at {options.mountpoint} (see the message above)")
+            return
         operations = FuseOperations(source, ready)
         try:
             FUSE(

@@ -1,0 +1,98 @@
+"""Reply payloads of the FUSE kernel protocol (``linux/fuse.h``), packed in Python.
+
+The low-level front-end answers LOOKUP, GETATTR, READDIR(PLUS), OPEN and STATFS with these bytes
+through ``fuse_reply_buf``: one ``struct.pack`` per entry instead of a C structure filled field by
+field, and a whole directory page in one reply. The layouts are the protocol's (stable since
+7.9, host byte order); the kernel rejects replies of the wrong size, so a mistake here fails
+loudly, never silently.
+"""
+
+from __future__ import annotations
+
+import stat
+import struct
+from typing import Optional, Tuple
+
+from ratarmountcore.sources.base import FileInfo
+
+#: struct fuse_attr (the kernel reads the u64 times as signed)
+_ATTR = struct.Struct("=QQQqqqIIIIIIIIII")  # times are signed in practice (pre-1970)
+#: struct fuse_entry_out without its fuse_attr: nodeid, generation, entry_valid, attr_valid, nsecs
+_ENTRY_HEAD = struct.Struct("=QQQQII")
+#: struct fuse_attr_out without its fuse_attr
+_ATTR_HEAD = struct.Struct("=QII")
+#: struct fuse_dirent without its name
+_DIRENT = struct.Struct("=QQII")
+#: struct fuse_open_out
+_OPEN = struct.Struct("=QII")
+#: struct fuse_statfs_out (struct fuse_kstatfs)
+_STATFS = struct.Struct("=QQQQQIIII24x")
+
+ATTR_SIZE = _ATTR.size  # 88
+ENTRY_SIZE = _ENTRY_HEAD.size + ATTR_SIZE  # 128
+DIRENT_HEAD_SIZE = _DIRENT.size  # 24
+
+FOPEN_KEEP_CACHE = 1 << 1
+FOPEN_CACHE_DIR = 1 << 3
+
+
+def pack_attr(info: FileInfo, owner: Optional[Tuple[int, int]] = None) -> bytes:
+    """``struct fuse_attr`` of ``info`` (``owner`` replaces uid and gid when given)."""
+    seconds, nanoseconds = divmod(info.mtime_ns, 1_000_000_000)
+    size = info.size
+    uid, gid = owner if owner is not None else (info.uid, info.gid)
+    return _ATTR.pack(
+        info.ino,
+        size,
+        (size + 511) // 512,
+        seconds,
+        seconds,
+        seconds,
+        nanoseconds,
+        nanoseconds,
+        nanoseconds,
+        info.mode,
+        info.nlink,
+        uid,
+        gid,
+        info.rdev,
+        4096,
+        0,
+    )
+
+
+def entry_out(node: int, attr: bytes, timeout: int) -> bytes:
+    """``struct fuse_entry_out``: a found name (``node`` > 0) or, with node 0, a cached miss."""
+    return _ENTRY_HEAD.pack(node, 0, timeout, timeout, 0, 0) + attr
+
+
+NEGATIVE_ATTR = bytes(ATTR_SIZE)
+
+
+def attr_out(attr: bytes, timeout: int) -> bytes:
+    return _ATTR_HEAD.pack(timeout, 0, 0) + attr
+
+
+def open_out(handle: int, flags: int) -> bytes:
+    return _OPEN.pack(handle, flags, 0)
+
+
+def dirent(ino: int, offset: int, name: bytes, mode: int) -> bytes:
+    """``struct fuse_dirent`` padded to 8 bytes."""
+    record = _DIRENT.pack(ino, offset, len(name), stat.S_IFMT(mode) >> 12) + name
+    return record + bytes(-len(record) % 8)
+
+
+def statfs_out(values: dict) -> bytes:  # type: ignore[type-arg]
+    get = values.get
+    return _STATFS.pack(
+        get("f_blocks", 0),
+        get("f_bfree", 0),
+        get("f_bavail", 0),
+        get("f_files", 0),
+        get("f_ffree", 0),
+        get("f_bsize", 4096),
+        get("f_namemax", 255),
+        get("f_frsize", 4096),
+        0,
+    )

@@ -1,0 +1,407 @@
+"""libfuse 3's low-level API through ctypes.
+
+Why not only mfusepy (libfuse's high-level API): the high-level library names files by path, so
+it keeps a node per name the kernel knows (built again for every READDIRPLUS entry), resolves a
+path for every request, and hands listings to us one entry per C callback. Here the kernel's node
+ids map straight to our paths (``inodes.py``), replies are packed in Python in the kernel's own
+layout (``kernel_abi.py``) and a whole listing page is one reply. mfusepy stays the fallback for
+libfuse 2, for libfuse options only its high-level library knows, and when this module cannot
+bind the library (``--fuse-api high`` selects it).
+
+Every callback runs on a libfuse worker thread; Python code is entered through ctypes callbacks
+whose thread state is pinned for the life of the worker (see ``fuse_compat.FUSE._wrapper``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import logging
+import os
+import signal
+import threading
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set
+
+from ratarmountcore.errors import RatarmountError
+
+from .fuse_ops import errno_of
+from .lowlevel_ops import LowLevelOperations
+
+logger = logging.getLogger(__name__)
+
+FUSE_CAP_NO_OPEN_SUPPORT = 1 << 17
+
+#: Options of libfuse's high-level library (``fuse_new``) that ``fuse_session_new`` rejects. The
+#: ones we implement ourselves are dropped; any other one makes us use the high-level API.
+IMPLEMENTED_HIGH_LEVEL_OPTIONS = frozenset(
+    {"kernel_cache", "attr_timeout", "entry_timeout", "negative_timeout", "use_ino", "readdir_ino", "nonempty"}
+)
+OTHER_HIGH_LEVEL_OPTIONS = frozenset(
+    {
+        "auto_cache",
+        "noauto_cache",
+        "ac_attr_timeout",
+        "umask",
+        "uid",
+        "gid",
+        "direct_io",
+        "hard_remove",
+        "nopath",
+        "intr",
+        "intr_signal",
+        "modules",
+        "remember",
+        "noforget",
+        "max_threads",
+        "max_idle_threads",
+    }
+)
+
+fuse_req_t = ctypes.c_void_p
+fuse_ino_t = ctypes.c_uint64
+
+
+class FileInfo(ctypes.Structure):
+    """The leading fields of ``struct fuse_file_info`` (flags, bit fields, fh)."""
+
+    _fields_ = [
+        ("flags", ctypes.c_int),
+        ("bits", ctypes.c_uint),
+        ("padding2", ctypes.c_uint),
+        ("fh", ctypes.c_uint64),
+        ("lock_owner", ctypes.c_uint64),
+        ("poll_events", ctypes.c_uint32),
+    ]
+
+
+class ConnInfo(ctypes.Structure):
+    """The leading fields of ``struct fuse_conn_info``."""
+
+    _fields_ = [
+        ("proto_major", ctypes.c_uint),
+        ("proto_minor", ctypes.c_uint),
+        ("max_write", ctypes.c_uint),
+        ("max_read", ctypes.c_uint),
+        ("max_readahead", ctypes.c_uint),
+        ("capable", ctypes.c_uint),
+        ("want", ctypes.c_uint),
+    ]
+
+
+class ForgetData(ctypes.Structure):
+    _fields_ = [("ino", ctypes.c_uint64), ("nlookup", ctypes.c_uint64)]
+
+
+class Args(ctypes.Structure):
+    _fields_ = [("argc", ctypes.c_int), ("argv", ctypes.POINTER(ctypes.c_char_p)), ("allocated", ctypes.c_int)]
+
+
+FI = ctypes.POINTER(FileInfo)
+INIT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ConnInfo))
+DESTROY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+LOOKUP = ctypes.CFUNCTYPE(None, fuse_req_t, fuse_ino_t, ctypes.c_char_p)
+FORGET = ctypes.CFUNCTYPE(None, fuse_req_t, fuse_ino_t, ctypes.c_uint64)
+NODE_FI = ctypes.CFUNCTYPE(None, fuse_req_t, fuse_ino_t, FI)  # getattr, open, release, opendir, releasedir
+NODE = ctypes.CFUNCTYPE(None, fuse_req_t, fuse_ino_t)  # readlink, statfs
+READ = ctypes.CFUNCTYPE(None, fuse_req_t, fuse_ino_t, ctypes.c_size_t, ctypes.c_int64, FI)  # read, readdir(plus)
+FORGET_MULTI = ctypes.CFUNCTYPE(None, fuse_req_t, ctypes.c_size_t, ctypes.POINTER(ForgetData))
+
+#: ``struct fuse_lowlevel_ops`` in libfuse 3 order (all function pointers).
+OPERATION_NAMES = (
+    "init destroy lookup forget getattr setattr readlink mknod mkdir unlink rmdir symlink rename link "
+    "open read write flush release fsync opendir readdir releasedir fsyncdir statfs setxattr getxattr "
+    "listxattr removexattr access create getlk setlk bmap ioctl poll write_buf retrieve_reply "
+    "forget_multi flock fallocate readdirplus copy_file_range lseek"
+).split()
+
+
+class Operations(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in OPERATION_NAMES]
+
+
+def _load_library() -> Any:
+    name = os.environ.get("FUSE_LIBRARY_PATH") or ctypes.util.find_library("fuse3")
+    if not name:
+        raise OSError("libfuse 3 not found")
+    lib = ctypes.CDLL(name)
+    lib.fuse_session_new.restype = ctypes.c_void_p
+    lib.fuse_session_new.argtypes = [ctypes.POINTER(Args), ctypes.POINTER(Operations), ctypes.c_size_t, ctypes.c_void_p]
+    lib.fuse_session_mount.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.fuse_session_unmount.argtypes = [ctypes.c_void_p]
+    lib.fuse_session_destroy.argtypes = [ctypes.c_void_p]
+    lib.fuse_set_signal_handlers.argtypes = [ctypes.c_void_p]
+    lib.fuse_remove_signal_handlers.argtypes = [ctypes.c_void_p]
+    lib.fuse_reply_buf.argtypes = [fuse_req_t, ctypes.c_void_p, ctypes.c_size_t]
+    lib.fuse_reply_err.argtypes = [fuse_req_t, ctypes.c_int]
+    lib.fuse_reply_none.argtypes = [fuse_req_t]
+    lib.fuse_reply_none.restype = None
+    lib.fuse_loop_cfg_create.restype = ctypes.c_void_p
+    lib.fuse_loop_cfg_destroy.argtypes = [ctypes.c_void_p]
+    lib.fuse_loop_cfg_set_max_threads.argtypes = [ctypes.c_void_p, ctypes.c_uint]
+    lib.fuse_loop_cfg_set_idle_threads.argtypes = [ctypes.c_void_p, ctypes.c_uint]
+    lib.fuse_session_loop_mt_312.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    return lib
+
+
+_LIBRARY: Optional[Any] = None
+_LOAD_ERROR: Optional[BaseException] = None
+
+
+def library() -> Optional[Any]:
+    """libfuse 3 with the functions we use (3.12 or later), or None."""
+    global _LIBRARY, _LOAD_ERROR
+    if _LIBRARY is None and _LOAD_ERROR is None:
+        try:
+            _LIBRARY = _load_library()
+        except (OSError, AttributeError) as exc:
+            _LOAD_ERROR = exc
+            logger.debug("libfuse low-level API unavailable: %s", exc)
+    return _LIBRARY
+
+
+def usable(fuse_options: Dict[str, Any]) -> bool:
+    """Whether the low-level front-end can serve a mount with these ``-o`` options."""
+    unknown = sorted(set(fuse_options) & OTHER_HIGH_LEVEL_OPTIONS)
+    if unknown:
+        logger.debug("using libfuse's high-level API for the options %s", ", ".join(unknown))
+        return False
+    return library() is not None
+
+
+def session_arguments(fuse_options: Dict[str, Any], fsname: str, debug: bool) -> List[bytes]:
+    options = {"ro": True, "fsname": fsname, "subtype": "ratarmount", "default_permissions": True}
+    for key, value in fuse_options.items():
+        if key in IMPLEMENTED_HIGH_LEVEL_OPTIONS:
+            logger.debug("-o %s: implied by the low-level front-end", key)
+            continue
+        options[key] = value
+    text = ",".join(key if value is True else f"{key}={value}" for key, value in options.items() if value is not False)
+    arguments = [b"ratarmount", b"-o", text.encode()]
+    if debug:
+        arguments.append(b"-d")
+    return arguments
+
+
+class LowLevelFuse:
+    """Mount ``operations`` at ``mountpoint`` and serve until unmounted or signalled."""
+
+    def __init__(self, operations: LowLevelOperations, max_threads: int = 32, idle_threads: int = 16) -> None:
+        lib = library()
+        if lib is None:
+            raise RatarmountError(f"libfuse 3 cannot be used: {_LOAD_ERROR}")
+        self.lib = lib
+        self.ops = operations
+        self.max_threads = max_threads
+        self.idle_threads = idle_threads
+        self._pinned: Set[int] = set()
+        self._local = threading.local()
+        self._callbacks: List[Any] = []
+        self._table = self._build_table()
+
+    # --- helpers ------------------------------------------------------------------------------
+    def _pin(self) -> None:
+        # ctypes would create and destroy a Python thread state around every callback from a
+        # libfuse worker: keep one alive per worker instead.
+        ident = threading.get_ident()
+        if ident not in self._pinned:
+            ctypes.pythonapi.PyGILState_Ensure()
+            self._pinned.add(ident)
+
+    def _reply(self, req: int, payload: bytes) -> None:
+        self.lib.fuse_reply_buf(req, payload, len(payload))
+
+    def _fail(self, req: int, exc: BaseException, what: str) -> None:
+        code = errno_of(exc)
+        if code == errno.EIO:
+            logger.error("%s failed: %s", what, exc, exc_info=logger.isEnabledFor(logging.DEBUG))
+        self.lib.fuse_reply_err(req, code)
+
+    def _buffer(self, size: int) -> Any:
+        local = self._local
+        holder = getattr(local, "buffer", None)
+        if holder is None or len(holder[0]) < size:
+            data = bytearray(max(size, 128 * 1024))
+            holder = local.buffer = (data, ctypes.addressof((ctypes.c_char * len(data)).from_buffer(data)))
+        return holder
+
+    # --- the operations table -----------------------------------------------------------------
+    def _build_table(self) -> Operations:  # noqa: C901 - one closure per operation, kept together
+        ops = self.ops
+        lib = self.lib
+        pin = self._pin
+        reply = self._reply
+        fail = self._fail
+
+        def init(_userdata: Any, conn: Any) -> None:
+            pin()
+            try:
+                ops.init(bool(conn.contents.capable & FUSE_CAP_NO_OPEN_SUPPORT))
+            except BaseException as exc:  # noqa: BLE001 - never let an exception cross into C
+                logger.error("init failed: %s", exc)
+
+        def destroy(_userdata: Any) -> None:
+            pin()
+            ops.destroy()
+
+        def lookup(req: int, parent: int, name: bytes) -> None:
+            pin()
+            try:
+                reply(req, ops.lookup(parent, name))
+            except BaseException as exc:  # noqa: BLE001
+                fail(req, exc, f"lookup of {name!r}")
+
+        def forget(req: int, node: int, count: int) -> None:
+            pin()
+            try:
+                ops.forget(node, count)
+            finally:
+                lib.fuse_reply_none(req)
+
+        def forget_multi(req: int, count: int, items: Any) -> None:
+            pin()
+            try:
+                for index in range(count):
+                    item = items[index]
+                    ops.forget(item.ino, item.nlookup)
+            finally:
+                lib.fuse_reply_none(req)
+
+        def getattr_(req: int, node: int, _fi: Any) -> None:
+            pin()
+            try:
+                reply(req, ops.getattr(node))
+            except BaseException as exc:  # noqa: BLE001
+                fail(req, exc, f"getattr of node {node}")
+
+        def readlink(req: int, node: int) -> None:
+            pin()
+            try:
+                reply(req, ops.readlink(node))
+            except BaseException as exc:  # noqa: BLE001
+                fail(req, exc, f"readlink of node {node}")
+
+        def statfs(req: int, _node: int) -> None:
+            pin()
+            try:
+                reply(req, ops.statfs())
+            except BaseException as exc:  # noqa: BLE001
+                fail(req, exc, "statfs")
+
+        def open_(req: int, node: int, fi: Any) -> None:
+            pin()
+            try:
+                reply(req, ops.open(node, fi.contents.flags))
+            except BaseException as exc:  # noqa: BLE001
+                fail(req, exc, f"open of node {node}")
+
+        def read(req: int, node: int, size: int, offset: int, fi: Any) -> None:
+            pin()
+            try:
+                data, address = self._buffer(size)
+                count = ops.read(node, fi.contents.fh, offset, memoryview(data)[:size])
+                lib.fuse_reply_buf(req, address, count)
+            except BaseException as exc:  # noqa: BLE001
+                fail(req, exc, f"read of node {node}")
+
+        def release(req: int, _node: int, fi: Any) -> None:
+            pin()
+            try:
+                ops.release(fi.contents.fh)
+            finally:
+                lib.fuse_reply_err(req, 0)
+
+        def opendir(req: int, node: int, _fi: Any) -> None:
+            pin()
+            try:
+                reply(req, ops.opendir(node))
+            except BaseException as exc:  # noqa: BLE001
+                fail(req, exc, f"opendir of node {node}")
+
+        def listing(plus: bool) -> Callable[[int, int, int, int, Any], None]:
+            def readdir(req: int, _node: int, size: int, offset: int, fi: Any) -> None:
+                pin()
+                try:
+                    reply(req, ops.readdir(fi.contents.fh, size, offset, plus))
+                except BaseException as exc:  # noqa: BLE001
+                    fail(req, exc, "readdir")
+
+            return readdir
+
+        def releasedir(req: int, _node: int, fi: Any) -> None:
+            pin()
+            try:
+                ops.releasedir(fi.contents.fh)
+            finally:
+                lib.fuse_reply_err(req, 0)
+
+        table = Operations()
+        for name, prototype, function in (
+            ("init", INIT, init),
+            ("destroy", DESTROY, destroy),
+            ("lookup", LOOKUP, lookup),
+            ("forget", FORGET, forget),
+            ("forget_multi", FORGET_MULTI, forget_multi),
+            ("getattr", NODE_FI, getattr_),
+            ("readlink", NODE, readlink),
+            ("statfs", NODE, statfs),
+            ("open", NODE_FI, open_),
+            ("read", READ, read),
+            ("release", NODE_FI, release),
+            ("opendir", NODE_FI, opendir),
+            ("readdir", READ, listing(False)),
+            ("readdirplus", READ, listing(True)),
+            ("releasedir", NODE_FI, releasedir),
+        ):
+            callback = prototype(function)
+            self._callbacks.append(callback)
+            setattr(table, name, ctypes.cast(callback, ctypes.c_void_p))
+        return table
+
+    # --- session ------------------------------------------------------------------------------
+    def serve(self, mountpoint: str, arguments: Sequence[bytes]) -> None:
+        """Mount, run the multi-threaded loop until unmounted or SIGINT/SIGTERM/SIGHUP, unmount."""
+        lib = self.lib
+        argv = (ctypes.c_char_p * (len(arguments) + 1))(*arguments, None)
+        args = Args(len(arguments), argv, 0)
+        session = lib.fuse_session_new(ctypes.byref(args), ctypes.byref(self._table), ctypes.sizeof(Operations), None)
+        if not session:
+            raise RatarmountError(f"cannot mount at {mountpoint}: libfuse rejected the options (see the message above)")
+        # libfuse installs its handlers (end the loop, unmount) only over default ones, and
+        # Python's SIGINT handler would never run while the main thread waits in C.
+        previous = _default_signal_handlers()
+        try:
+            if lib.fuse_set_signal_handlers(session) != 0:
+                raise RatarmountError("cannot install the FUSE signal handlers")
+            try:
+                if lib.fuse_session_mount(session, os.fsencode(mountpoint)) != 0:
+                    raise RatarmountError(f"cannot mount at {mountpoint} (see the message above)")
+                try:
+                    config = lib.fuse_loop_cfg_create()
+                    try:
+                        lib.fuse_loop_cfg_set_max_threads(config, self.max_threads)
+                        lib.fuse_loop_cfg_set_idle_threads(config, self.idle_threads)
+                        lib.fuse_session_loop_mt_312(session, config)
+                    finally:
+                        lib.fuse_loop_cfg_destroy(config)
+                finally:
+                    lib.fuse_session_unmount(session)
+            finally:
+                lib.fuse_remove_signal_handlers(session)
+        finally:
+            lib.fuse_session_destroy(session)
+            _restore_signal_handlers(previous)
+
+
+def _default_signal_handlers() -> Dict[int, Any]:
+    previous: Dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            previous[number] = signal.signal(number, signal.SIG_DFL)
+    return previous
+
+
+def _restore_signal_handlers(previous: Dict[int, Any]) -> None:
+    for number, handler in previous.items():
+        if handler is not None:
+            signal.signal(number, handler)
