@@ -23,12 +23,15 @@ class StaleNodeError(OSError):
 
 
 class InodeTable:
-    def __init__(self) -> None:
+    def __init__(self, first: int = ROOT_ID + 1) -> None:
+        """Ids are handed out from ``first`` on (above the inode numbers of a source that names
+        its entries itself, see ``MountSource.by_ino``)."""
         self._lock = threading.Lock()
         #: id -> [path, lookup count]
         self._nodes: Dict[int, List[object]] = {ROOT_ID: ["/", 1]}
         self._ids: Dict[str, int] = {"/": ROOT_ID}
-        self._next = ROOT_ID + 1
+        self.first = first
+        self._next = first
 
     def __len__(self) -> int:
         return len(self._nodes)

@@ -83,6 +83,24 @@ def dirent(ino: int, offset: int, name: bytes, mode: int) -> bytes:
     return record + bytes(-len(record) % 8)
 
 
+#: struct fuse_direntplus (entry_out with its attr, then the dirent head) in one call
+_PLUS = struct.Struct("=QQQQII" + _ATTR.format[1:] + _DIRENT.format[1:])
+
+
+def direntplus(node: int, info: FileInfo, timeout: int, offset: int, name: bytes, ino: int) -> bytes:
+    """A READDIRPLUS record: the entry with its attributes and node id, padded to 8 bytes."""
+    seconds, nanoseconds = divmod(info.mtime_ns, 1_000_000_000)
+    size = info.size
+    mode = info.mode
+    record = _PLUS.pack(
+        node, 0, timeout, timeout, 0, 0,
+        ino, size, (size + 511) // 512, seconds, seconds, seconds, nanoseconds, nanoseconds, nanoseconds,
+        mode, info.nlink, info.uid, info.gid, info.rdev, 4096, 0,
+        ino, offset, len(name), stat.S_IFMT(mode) >> 12,
+    ) + name
+    return record + bytes(-len(record) % 8)
+
+
 def statfs_out(values: dict) -> bytes:  # type: ignore[type-arg]
     get = values.get
     return _STATFS.pack(

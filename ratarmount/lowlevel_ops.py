@@ -24,18 +24,21 @@ from ratarmountcore.io.readers import MemberFile
 from ratarmountcore.sources.base import FileInfo, MountSource
 
 from . import kernel_abi as abi
-from .inodes import ROOT_ID, InodeTable
+from .inodes import ROOT_ID, InodeTable, StaleNodeError
 
 logger = logging.getLogger(__name__)
 
 #: Attributes, names and misses never change on an immutable tree: let the kernel keep them a day.
 TIMEOUT = 86400
 ENCODING = "utf-8"
+#: Node ids below this are a stable source's inode numbers; the table hands out the ones above.
+STABLE_LIMIT = 1 << 56
 #: Inode number in listings of entries that have none (readdir must not report 0).
 UNKNOWN_INO = 0xFFFFFFFF
 
 Entry = Tuple[FileInfo, bytes]  # info, packed struct fuse_attr
-Listed = Tuple[bytes, str, FileInfo, bytes]  # name, path, info, packed attr
+#: name, path (when the node id comes from the table), info, READDIRPLUS record (when known)
+Listed = Tuple[bytes, str, FileInfo, bytes]
 
 
 def _errno(code: int) -> OSError:
@@ -46,7 +49,11 @@ class LowLevelOperations:
     def __init__(self, source: MountSource, on_ready: Optional[Callable[[], None]] = None) -> None:
         self.source = source
         self._on_ready = on_ready
-        self.nodes = InodeTable()
+        # Sources with stable, unique inode numbers name their entries themselves (node id =
+        # inode number, nothing to remember); entries without one, and all entries of other
+        # sources, get ids from the table.
+        self._stable = type(source).by_ino is not MountSource.by_ino
+        self.nodes = InodeTable(first=STABLE_LIMIT if self._stable else ROOT_ID + 1)
         self._handles: Dict[int, MemberFile] = {}
         self._listings: Dict[int, List[Listed]] = {}
         self._next_handle = itertools.count(1)
@@ -56,6 +63,32 @@ class LowLevelOperations:
         self._entry: Callable[[str], Optional[Entry]] = (
             functools.lru_cache(maxsize=8192)(self._lookup_entry) if source.is_immutable else self._lookup_entry
         )
+        self._by_ino: Callable[[int], Optional[Tuple[str, Entry]]] = functools.lru_cache(maxsize=8192)(
+            self._lookup_ino
+        )
+
+    def _lookup_ino(self, ino: int) -> Optional[Tuple[str, Entry]]:
+        found = self.source.by_ino(ino)
+        if found is None:
+            return None
+        path, info = found
+        return path, (info, abi.pack_attr(info))
+
+    def _node_of(self, path: str, info: FileInfo) -> int:
+        """The node id to give the kernel for ``path`` (counted once more when from the table)."""
+        if self._stable and 1 < info.ino < STABLE_LIMIT:
+            return info.ino
+        return self.nodes.remember(path)
+
+    def _resolve(self, node: int) -> Tuple[str, Entry]:
+        """Path and entry of a node id the kernel holds."""
+        if node == ROOT_ID or node >= self.nodes.first:
+            path = self.nodes.path(node)
+            return path, self._require(path)
+        found = self._by_ino(node)
+        if found is None:
+            raise StaleNodeError(node)
+        return found
 
     def _lookup_entry(self, path: str) -> Optional[Entry]:
         info = self.source.lookup(path)
@@ -81,11 +114,13 @@ class LowLevelOperations:
 
     # --- names --------------------------------------------------------------------------------
     def lookup(self, parent: int, name: bytes) -> bytes:
-        path = self.nodes.child(parent, name.decode(ENCODING, "surrogateescape"))
+        base = self._resolve(parent)[0]
+        text = name.decode(ENCODING, "surrogateescape")
+        path = ("/" + text) if base == "/" else (base + "/" + text)
         entry = self._entry(path)
         if entry is None:
             return abi.entry_out(0, abi.NEGATIVE_ATTR, self._timeout)
-        node = self.nodes.remember(path)
+        node = self._node_of(path, entry[0])
         return abi.entry_out(node, self._attr(node, entry), self._timeout)
 
     def forget(self, node: int, count: int) -> None:
@@ -97,10 +132,10 @@ class LowLevelOperations:
         return entry[1] if entry[0].ino else abi.pack_attr(entry[0]._replace(ino=node))
 
     def getattr(self, node: int) -> bytes:
-        return abi.attr_out(self._attr(node, self._require(self.nodes.path(node))), self._timeout)
+        return abi.attr_out(self._attr(node, self._resolve(node)[1]), self._timeout)
 
     def readlink(self, node: int) -> bytes:
-        info = self._require(self.nodes.path(node))[0]
+        info = self._resolve(node)[1][0]
         if not info.is_symlink:
             raise _errno(errno.EINVAL)
         return info.linkname.encode(ENCODING, "surrogateescape")
@@ -112,7 +147,7 @@ class LowLevelOperations:
     def open(self, node: int, flags: int) -> bytes:
         if flags & os.O_ACCMODE != os.O_RDONLY:
             raise _errno(errno.EROFS)
-        info = self._require(self.nodes.path(node))[0]
+        info = self._resolve(node)[1][0]
         if info.is_dir:
             raise _errno(errno.EISDIR)
         if self.no_open:
@@ -123,15 +158,15 @@ class LowLevelOperations:
 
     def read(self, node: int, handle: int, offset: int, view: memoryview) -> int:
         if handle == 0:  # an open the kernel did not tell us about
-            member = self.source.open_info(self._require(self.nodes.path(node))[0])
+            member = self.source.open_info(self._resolve(node)[1][0])
             try:
                 return member.preadinto(offset, view)
             finally:
                 member.close()
-        member = self._handles.get(handle)
-        if member is None:
+        opened = self._handles.get(handle)
+        if opened is None:
             raise _errno(errno.EBADF)
-        return member.preadinto(offset, view)
+        return opened.preadinto(offset, view)
 
     def release(self, handle: int) -> None:
         member = self._handles.pop(handle, None)
@@ -140,20 +175,32 @@ class LowLevelOperations:
 
     # --- folders ------------------------------------------------------------------------------
     def opendir(self, node: int) -> bytes:
-        path = self.nodes.path(node)
+        path, own = self._resolve(node)
         entries = self.source.list_entries(path)
         if entries is None:
-            self._require(path)
             raise _errno(errno.ENOTDIR)
-        own = self._require(path)
-        parent_path = path.rsplit("/", 1)[0] or "/"
-        parent = self._entry(parent_path) if path != "/" else own
+        parent = self._entry(path.rsplit("/", 1)[0] or "/") if path != "/" else own
         prefix = "/" if path == "/" else path + "/"
-        pack = abi.pack_attr
-        listing: List[Listed] = [(b".", "", own[0], b""), (b"..", "", (parent or own)[0], b"")]
-        listing.extend(
-            (name.encode(ENCODING, "surrogateescape"), prefix + name, info, pack(info)) for name, info in entries
-        )
+        timeout = self._timeout
+        plus = abi.direntplus
+        # READDIRPLUS records are made here when the node id is the entry's own inode number
+        # (and for "." and "..", which carry none); entries named by the table get theirs when
+        # a page is served, since handing out an id counts a reference.
+        up = (parent or own)[0]
+        listing: List[Listed] = [
+            (b".", "", own[0], plus(0, own[0], 0, 1, b".", own[0].ino or UNKNOWN_INO)),
+            (b"..", "", up, plus(0, up, 0, 2, b"..", up.ino or UNKNOWN_INO)),
+        ]
+        stable = self._stable
+        offset = 2
+        for name, info in entries:
+            offset += 1
+            raw = name.encode(ENCODING, "surrogateescape")
+            ino = info.ino
+            if stable and 1 < ino < STABLE_LIMIT:
+                listing.append((raw, "", info, plus(ino, info, timeout, offset, raw, ino)))
+            else:
+                listing.append((raw, prefix + name, info, b""))
         handle = next(self._next_handle)
         self._listings[handle] = listing
         return abi.open_out(handle, abi.FOPEN_KEEP_CACHE | abi.FOPEN_CACHE_DIR)
@@ -164,35 +211,35 @@ class LowLevelOperations:
         listing = self._listings.get(handle)
         if listing is None:
             raise _errno(errno.EBADF)
-        records: List[bytes] = []
         used = 0
-        position = offset
-        taken: List[Listed] = []
-        head = abi.ENTRY_SIZE if plus else 0
-        while position < len(listing):
-            item = listing[position]
-            need = head + ((abi.DIRENT_HEAD_SIZE + len(item[0]) + 7) & ~7)
+        end = offset
+        count = len(listing)
+        while end < count:
+            name, _path, _info, record = listing[end]
+            need = (abi.DIRENT_HEAD_SIZE + len(name) + 7) & ~7
+            if plus:
+                need = len(record) if record else need + abi.ENTRY_SIZE
             if used + need > size:
                 break
             used += need
-            taken.append(item)
-            position += 1
-        if plus:
-            paths = [item[1] for item in taken if item[1]]
-            nodes = iter(self.nodes.remember_all(paths))
-            timeout = self._timeout
-            for index, (name, path, info, attr) in enumerate(taken, start=offset + 1):
-                if path:
-                    node = next(nodes)
-                    if not info.ino:
-                        attr = abi.pack_attr(info._replace(ino=node))
-                    records.append(abi.entry_out(node, attr, timeout))
-                else:  # "." and "..": no node id, nothing for the kernel to count
-                    records.append(abi.entry_out(0, abi.NEGATIVE_ATTR, 0))
-                records.append(abi.dirent(info.ino or UNKNOWN_INO, index, name, info.mode))
-        else:
-            for index, (name, _path, info, _attr) in enumerate(taken, start=offset + 1):
-                records.append(abi.dirent(info.ino or UNKNOWN_INO, index, name, info.mode))
+            end += 1
+        page = listing[offset:end]
+        if not plus:
+            return b"".join(
+                abi.dirent(info.ino or UNKNOWN_INO, index, name, info.mode)
+                for index, (name, _path, info, _record) in enumerate(page, start=offset + 1)
+            )
+        missing = [path for _name, path, _info, record in page if not record]
+        if not missing:
+            return b"".join(item[3] for item in page)
+        nodes = iter(self.nodes.remember_all(missing))
+        timeout = self._timeout
+        records = []
+        for index, (name, _path, info, record) in enumerate(page, start=offset + 1):
+            if not record:
+                node = next(nodes)
+                record = abi.direntplus(node, info, timeout, index, name, info.ino or node)
+            records.append(record)
         return b"".join(records)
 
     def releasedir(self, handle: int) -> None:

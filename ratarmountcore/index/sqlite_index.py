@@ -424,6 +424,9 @@ class IndexReader:
             one=True,
         )
 
+    def row(self, row_id: int) -> Optional[Row]:
+        return self._query(f"SELECT {ROW_COLUMNS} FROM files WHERE id = ?", (row_id,), one=True)  # type: ignore[no-any-return]
+
     def versions(self, parent: bytes, name: bytes) -> List[Row]:
         return self._query(  # type: ignore[no-any-return]
             f"SELECT {ROW_COLUMNS} FROM files WHERE parent = ? AND name = ? ORDER BY id", (parent, name)

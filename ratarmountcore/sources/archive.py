@@ -134,6 +134,17 @@ class ArchiveSource(MountSource):
                 return row_to_info(versions[number - 1])
         return None
 
+    def by_ino(self, ino: int) -> Optional[Tuple[str, FileInfo]]:
+        # Row ids are inode numbers minus one (a hard link carries its target's: same data).
+        row = self._index.row(ino - 1) if ino > 1 else None
+        if row is None:
+            return None
+        parent, name = row[1], row[2]
+        if not parent:
+            return None  # the archive's own "./" entry is the root (inode 1)
+        path = _decode(parent + b"/" + name if parent != b"/" else b"/" + name)
+        return path, row_to_info(row)
+
     def list_entries(self, path: str) -> Optional[Iterable[Tuple[str, FileInfo]]]:
         info = self.lookup(path)
         if info is None or not info.is_dir:

@@ -93,6 +93,16 @@ class MountSource(ABC):
         """True when contents never change while mounted (lets FUSE cache everything)."""
         return True
 
+    def by_ino(self, ino: int) -> Optional[Tuple[str, FileInfo]]:
+        """(path, info) of the entry whose ``FileInfo.ino`` is ``ino`` (> 1), or None.
+
+        Sources whose inode numbers are unique and stable (hard links share theirs, with the same
+        data) answer this, so a front-end can name entries by inode number without a table of
+        its own. The default (and sources that renumber, like unions) answer None for everything.
+        Entries with ``ino`` 0 have no inode number.
+        """
+        return None
+
     def statfs(self) -> Dict[str, int]:
         return {"f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255}
 

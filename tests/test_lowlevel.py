@@ -1,0 +1,235 @@
+"""The low-level front-end: request logic checked against the kernel's reply layouts (parsed here
+independently of ``kernel_abi``), node ids, and the fallback to libfuse's high-level API."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import stat
+import struct
+import tarfile
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import pytest
+from conftest import Mounter
+
+import ratarmountcore
+from ratarmount.inodes import ROOT_ID
+from ratarmount.lowlevel_ops import STABLE_LIMIT, TIMEOUT, LowLevelOperations
+
+ATTR = struct.Struct("=QQQqqqIIIIIIIIII")
+ENTRY_HEAD = struct.Struct("=QQQQII")
+DIRENT = struct.Struct("=QQII")
+
+
+def parse_attr(raw: bytes) -> Dict[str, int]:
+    names = "ino size blocks atime mtime ctime atimensec mtimensec ctimensec mode nlink uid gid rdev blksize flags"
+    return dict(zip(names.split(), ATTR.unpack(raw)))
+
+
+def parse_entry(raw: bytes) -> Tuple[int, int, Dict[str, int]]:
+    assert len(raw) == ENTRY_HEAD.size + ATTR.size
+    node, generation, entry_valid, attr_valid, _, _ = ENTRY_HEAD.unpack_from(raw)
+    assert generation == 0 and attr_valid == entry_valid
+    return node, entry_valid, parse_attr(raw[ENTRY_HEAD.size :])
+
+
+def parse_page(raw: bytes, plus: bool) -> List[Tuple[bytes, int, int, Dict[str, int]]]:
+    """(name, dirent offset, node id (plus only), attrs (plus only)) of each record."""
+    records = []
+    position = 0
+    while position < len(raw):
+        node, attrs = 0, {}
+        if plus:
+            node, _, attrs = parse_entry(raw[position : position + ENTRY_HEAD.size + ATTR.size])
+            position += ENTRY_HEAD.size + ATTR.size
+        ino, offset, namelen, kind = DIRENT.unpack_from(raw, position)
+        name = raw[position + DIRENT.size : position + DIRENT.size + namelen]
+        assert ino != 0
+        if plus and node:
+            assert kind == stat.S_IFMT(attrs["mode"]) >> 12 and attrs["ino"] == ino
+        records.append((name, offset, node, attrs))
+        position += (DIRENT.size + namelen + 7) & ~7
+    assert position == len(raw)
+    return records
+
+
+def make_tar(path: Path) -> Path:
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in {"a/one": b"1" * 10, "a/two": b"22", "b/three": b"333", "top": b"t"}.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = 1_600_000_000
+            tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("a/link-to-one")
+        link.type = tarfile.LNKTYPE
+        link.linkname = "a/one"
+        tar.addfile(link)
+        symlink = tarfile.TarInfo("sym")
+        symlink.type = tarfile.SYMTYPE
+        symlink.linkname = "a/two"
+        tar.addfile(symlink)
+        again = tarfile.TarInfo("top")  # a second version of "top"
+        again.size = 2
+        tar.addfile(again, io.BytesIO(b"T2"))
+    return path
+
+
+@pytest.fixture
+def ops(tmp_path: Path):  # type: ignore[no-untyped-def]
+    source = ratarmountcore.open(str(make_tar(tmp_path / "data.tar")))
+    operations = LowLevelOperations(source)
+    operations.init(no_open_supported=False)
+    yield operations
+    source.close()
+
+
+def list_all(ops: LowLevelOperations, node: int, plus: bool, size: int) -> List[Tuple[bytes, int, int, Dict[str, int]]]:
+    handle = struct.unpack("=QII", ops.opendir(node))[0]
+    records = []
+    offset = 0
+    while True:
+        page = ops.readdir(handle, size, offset, plus)
+        assert len(page) <= size
+        if not page:
+            break
+        parsed = parse_page(page, plus)
+        assert [r[1] for r in parsed] == list(range(offset + 1, offset + 1 + len(parsed)))
+        records += parsed
+        offset = parsed[-1][1]
+    ops.releasedir(handle)
+    return records
+
+
+def lookup(ops: LowLevelOperations, parent: int, name: bytes) -> Tuple[int, Dict[str, int]]:
+    node, timeout, attrs = parse_entry(ops.lookup(parent, name))
+    assert timeout == TIMEOUT
+    return node, attrs
+
+
+def test_archive_entries_are_named_by_their_inode_numbers(ops: LowLevelOperations) -> None:
+    for size in (200, 4096):  # tiny pages: one entry each; normal pages
+        root = list_all(ops, ROOT_ID, plus=True, size=size)
+        assert [r[0] for r in root] == [b".", b"..", b"a", b"b", b"sym", b"top"]
+        assert root[0][2] == 0 and root[1][2] == 0  # "." and ".." carry no node id
+        for name, _offset, node, attrs in root[2:]:
+            assert node == attrs["ino"] == ops.source.info("/" + name.decode()).ino
+            assert 1 < node < STABLE_LIMIT
+    # Nothing to remember: the kernel's references are inode numbers the index resolves.
+    assert len(ops.nodes) == 1
+    a_node, a_attrs = lookup(ops, ROOT_ID, b"a")
+    assert stat.S_ISDIR(a_attrs["mode"])
+    plain = list_all(ops, a_node, plus=False, size=4096)
+    plus = list_all(ops, a_node, plus=True, size=4096)
+    assert [r[0] for r in plain] == [r[0] for r in plus] == [b".", b"..", b"link-to-one", b"one", b"two"]
+    assert len(ops.nodes) == 1
+
+
+def test_attributes_reads_and_links(ops: LowLevelOperations) -> None:
+    a_node, _ = lookup(ops, ROOT_ID, b"a")
+    one, one_attrs = lookup(ops, a_node, b"one")
+    link, link_attrs = lookup(ops, a_node, b"link-to-one")
+    assert link == one and link_attrs == one_attrs and one_attrs["nlink"] == 2  # a hard link: one inode
+    assert one_attrs["size"] == 10 and one_attrs["mtime"] == 1_600_000_000
+    getattr_reply = ops.getattr(one)
+    assert struct.unpack_from("=Q", getattr_reply)[0] == TIMEOUT
+    assert parse_attr(getattr_reply[16:]) == one_attrs
+    buffer = bytearray(64)
+    assert ops.read(link, 0, 0, memoryview(buffer)) == 10 and bytes(buffer[:10]) == b"1" * 10
+    assert ops.read(one, 0, 8, memoryview(buffer)) == 2
+    top, top_attrs = lookup(ops, ROOT_ID, b"top")
+    assert top_attrs["size"] == 2 and ops.read(top, 0, 0, memoryview(buffer)) == 2 and buffer[:2] == b"T2"
+    sym, sym_attrs = lookup(ops, ROOT_ID, b"sym")
+    assert stat.S_ISLNK(sym_attrs["mode"]) and ops.readlink(sym) == b"a/two"
+    with pytest.raises(OSError) as info:
+        ops.readlink(top)
+    assert info.value.errno == errno.EINVAL
+
+
+def test_misses_are_cached_negative_entries(ops: LowLevelOperations) -> None:
+    node, timeout, attrs = parse_entry(ops.lookup(ROOT_ID, b"missing"))
+    assert node == 0 and timeout == TIMEOUT and attrs["mode"] == 0
+
+
+def test_pseudo_entries_get_counted_table_nodes(ops: LowLevelOperations) -> None:
+    versions, attrs = lookup(ops, ROOT_ID, b"top.versions")
+    assert versions >= STABLE_LIMIT and attrs["ino"] == versions and stat.S_ISDIR(attrs["mode"])
+    listed = list_all(ops, versions, plus=True, size=4096)
+    assert [r[0] for r in listed] == [b".", b"..", b"1", b"2"]
+    buffer = bytearray(8)
+    first = listed[2][2]
+    assert ops.read(first, 0, 0, memoryview(buffer)) == 1 and buffer[:1] == b"t"
+    lookup(ops, ROOT_ID, b"top.versions")  # the kernel now holds two references
+    ops.forget(versions, 1)
+    assert ops.getattr(versions)
+    ops.forget(versions, 1)
+    with pytest.raises(OSError) as info:
+        ops.getattr(versions)
+    assert info.value.errno == errno.ESTALE
+
+
+def test_union_sources_use_the_table(tmp_path: Path) -> None:
+    first = make_tar(tmp_path / "first.tar")
+    with tarfile.open(tmp_path / "second.tar", "w") as tar:
+        info = tarfile.TarInfo("top")
+        info.size = 6
+        tar.addfile(info, io.BytesIO(b"second"))
+    with ratarmountcore.open([str(first), str(tmp_path / "second.tar")]) as source:
+        ops = LowLevelOperations(source)
+        node, attrs = lookup(ops, ROOT_ID, b"top")
+        assert node > ROOT_ID and attrs["size"] == 6 and len(ops.nodes) == 2
+        assert lookup(ops, ROOT_ID, b"top")[0] == node  # the same id, two references
+        root = list_all(ops, ROOT_ID, plus=True, size=4096)
+        assert {r[0] for r in root} >= {b"a", b"b", b"top"} and len(ops.nodes) == 1 + len(root) - 2
+        buffer = bytearray(16)
+        assert ops.read(node, 0, 0, memoryview(buffer)) == 6 and buffer[:6] == b"second"
+        ops.forget(node, 3)
+        with pytest.raises(OSError):
+            ops.getattr(node)
+
+
+def test_opens(ops: LowLevelOperations) -> None:
+    one = lookup(ops, lookup(ops, ROOT_ID, b"a")[0], b"one")[0]
+    for flags, code in ((os.O_WRONLY, errno.EROFS), (os.O_RDWR, errno.EROFS)):
+        with pytest.raises(OSError) as info:
+            ops.open(one, flags)
+        assert info.value.errno == code
+    with pytest.raises(OSError) as info:
+        ops.open(lookup(ops, ROOT_ID, b"a")[0], os.O_RDONLY)
+    assert info.value.errno == errno.EISDIR
+    handle, flags, _ = struct.unpack("=QII", ops.open(one, os.O_RDONLY))
+    assert handle and flags & 2  # FOPEN_KEEP_CACHE
+    buffer = bytearray(4)
+    assert ops.read(one, handle, 3, memoryview(buffer)) == 4
+    ops.release(handle)
+    with pytest.raises(OSError) as info:
+        ops.read(one, handle, 0, memoryview(buffer))
+    assert info.value.errno == errno.EBADF
+    ops.init(no_open_supported=True)
+    with pytest.raises(OSError) as info:
+        ops.open(one, os.O_RDONLY)
+    assert info.value.errno == errno.ENOSYS
+
+
+@pytest.mark.parametrize("api", ["low", "high"])
+def test_both_fuse_apis_serve_the_same_tree(mounter: Mounter, tmp_path: Path, api: str) -> None:
+    archive = make_tar(tmp_path / "data.tar")
+    mnt = mounter.mount(archive, extra=["--fuse-api", api])
+    assert sorted(os.listdir(mnt)) == ["a", "b", "sym", "top"]
+    assert sorted(os.listdir(mnt / "a")) == ["link-to-one", "one", "two"]
+    assert (mnt / "a/link-to-one").read_bytes() == b"1" * 10 and (mnt / "top").read_bytes() == b"T2"
+    assert os.stat(mnt / "a/one").st_ino == os.stat(mnt / "a/link-to-one").st_ino
+    assert os.readlink(mnt / "sym") == "a/two"
+    assert (mnt / "top.versions/1").read_bytes() == b"t"
+    assert not (mnt / "missing").exists()
+    mounter.unmount(mnt)
+
+
+def test_high_level_only_options_fall_back(mounter: Mounter, tmp_path: Path) -> None:
+    """``-o uid=`` is an option of libfuse's high-level library: the mount still honours it."""
+    archive = make_tar(tmp_path / "data.tar")
+    mnt = mounter.mount(archive, extra=["-o", "uid=4321"])
+    assert os.stat(mnt / "a/one").st_uid == 4321
+    mounter.unmount(mnt)
