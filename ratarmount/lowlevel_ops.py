@@ -33,6 +33,7 @@ TIMEOUT = 86400
 ENCODING = "utf-8"
 #: Node ids below this are a stable source's inode numbers; the table hands out the ones above.
 STABLE_LIMIT = 1 << 56
+LOOKED_UP_MAX = 4096
 #: Inode number in listings of entries that have none (readdir must not report 0).
 UNKNOWN_INO = 0xFFFFFFFF
 
@@ -66,6 +67,8 @@ class LowLevelOperations:
         self._by_ino: Callable[[int], Optional[Tuple[str, Entry]]] = functools.lru_cache(maxsize=8192)(
             self._lookup_ino
         )
+        #: Nodes just handed out by LOOKUP: the READ or GETATTR that usually follows needs no query.
+        self._looked_up: Dict[int, Tuple[str, Entry]] = {}
 
     def _lookup_ino(self, ino: int) -> Optional[Tuple[str, Entry]]:
         found = self.source.by_ino(ino)
@@ -85,7 +88,7 @@ class LowLevelOperations:
         if node == ROOT_ID or node >= self.nodes.first:
             path = self.nodes.path(node)
             return path, self._require(path)
-        found = self._by_ino(node)
+        found = self._looked_up.get(node) or self._by_ino(node)
         if found is None:
             raise StaleNodeError(node)
         return found
@@ -121,6 +124,11 @@ class LowLevelOperations:
         if entry is None:
             return abi.entry_out(0, abi.NEGATIVE_ATTR, self._timeout)
         node = self._node_of(path, entry[0])
+        if node < self.nodes.first:
+            recent = self._looked_up
+            if len(recent) >= LOOKED_UP_MAX:
+                recent.clear()
+            recent[node] = (path, entry)
         return abi.entry_out(node, self._attr(node, entry), self._timeout)
 
     def forget(self, node: int, count: int) -> None:
