@@ -165,3 +165,37 @@ def test_all_caches_of_the_process_share_one_bound(monkeypatch: pytest.MonkeyPat
     for cache in caches:
         cache.clear()
     assert spans._PROCESS.bytes == 0
+
+
+@pytest.mark.parametrize("backend", ["rapidgzip", "indexed_gzip"])
+def test_large_reads_bypass_the_cache_and_decode_into_the_buffer(tmp_path: Path, backend: str) -> None:
+    """A read of DIRECT_READ_MIN bytes or more (a large member through the kernel's read-ahead)
+    decodes straight into the caller's buffer: right bytes, nothing added to the span cache."""
+    from ratarmountcore.compression.pooled import DIRECT_READ_MIN
+
+    archive = tmp_path / "a.tar.gz"
+    rng = random.Random(9)
+    big = bytes(rng.getrandbits(8) for _ in range(300_000)) + b"y" * 700_000
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("big.bin")
+        info.size = len(big)
+        tar.addfile(info, io.BytesIO(big))
+    archive.write_bytes(gzip.compress(buffer.getvalue(), compresslevel=1))
+    compression = CompressionOptions(gzip_backend=backend, seek_point_spacing=64 * 1024, parallelization=1)
+    opts = OpenOptions(index=IndexOptions(progress=False), compression=compression)
+    with ratarmountcore.open(str(archive), opts):
+        pass
+    with ratarmountcore.open(str(archive), opts) as src:
+        member = src.open_info(src.info("/big.bin"))
+        reader = src._reader  # type: ignore[attr-defined]
+        end = len(big) - DIRECT_READ_MIN
+        reads = ((0, DIRECT_READ_MIN), (123_457, 2 * DIRECT_READ_MIN + 5), (end, DIRECT_READ_MIN))
+        for offset, size in reads:
+            view = memoryview(bytearray(size))
+            count = member.preadinto(offset, view)
+            assert bytes(view[:count]) == big[offset : offset + size]
+        assert reader._spans is not None and reader._spans.misses == 0 and reader._spans.decoded_bytes == 0
+        small = memoryview(bytearray(1000))
+        assert member.preadinto(5000, small) == 1000 and bytes(small) == big[5000:6000]
+        assert reader._spans.misses == 1

@@ -30,6 +30,9 @@ from .spans import SpanCache, optional_cache
 
 logger = logging.getLogger(__name__)
 
+#: Reads at least this large bypass the span cache and decode straight into the caller's buffer.
+DIRECT_READ_MIN = 128 * 1024
+
 
 class PooledReader(CompressedReader):
     #: Upper bound of decoders alive at once (each may run its own worker threads).
@@ -132,9 +135,31 @@ class PooledReader(CompressedReader):
 
     def preadinto(self, offset: int, view: memoryview) -> int:
         spans = self._spans
-        if spans is not None and spans.covers(offset, len(view)):
+        if len(view) < DIRECT_READ_MIN and spans is not None and spans.covers(offset, len(view)):
             return spans.readinto(offset, view, self._decode_span)
-        return super().preadinto(offset, view)
+        known = self._size
+        if known is None or offset < 0:
+            return super().preadinto(offset, view)
+        # Large reads (a big member read through the kernel's read-ahead) skip the cache: it
+        # would only add a copy, and the decoder then reads ahead in parallel for the next one.
+        size = min(len(view), max(0, known - offset))
+        if size <= 0:
+            return 0
+        with self._pool.acquire(offset, end=offset + size) as slot:
+            decoder = slot.instance
+            done = 0
+            with self.data_errors():
+                if slot.position != offset:
+                    decoder.seek(offset)
+                while done < size:
+                    count = decoder.readinto(view[done:size])
+                    if not count:
+                        break
+                    done += count
+            slot.position = offset + done
+            if done < size and not self._end_checked:
+                self._ensure_finished(slot)
+        return done
 
     def _decode_span(self, start: int, end: int) -> bytes:
         return self._pread_direct(start, end - start)
