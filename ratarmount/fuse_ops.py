@@ -15,10 +15,10 @@ import logging
 import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar, Union
 
-from ratarmountcore.errors import RatarmountError
 from ratarmountcore.io.readers import MemberFile
 from ratarmountcore.sources.base import FileInfo, MountSource
 
+from .errnos import errno_of
 from .fuse_compat import FUSE_FILL_DIR_PLUS, FUSE_UNKNOWN_INO, fuse
 from .stat_packing import StatPacker
 
@@ -28,15 +28,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 Listed = Tuple[bytes, bytes, int]
 FUSE_CAP_NO_OPEN_SUPPORT = 1 << 17  # libfuse 3
 ENCODING = "utf-8"  # of names handed to libfuse, as mfusepy decodes paths (with surrogateescape)
-
-
-def errno_of(exc: BaseException) -> int:
-    """The errno a failed request answers with (EIO for anything unexpected)."""
-    if isinstance(exc, RatarmountError):
-        return exc.errno_code
-    if isinstance(exc, OSError) and exc.errno:
-        return exc.errno
-    return errno.EIO
 
 
 def translate_errors(method: F) -> F:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
 from ratarmountcore.errors import RatarmountError
 
-from .fuse_ops import errno_of
+from .errnos import errno_of
 from .lowlevel_ops import LowLevelOperations
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 This is the request logic of the low-level front-end (``lowlevel.py`` holds the ctypes glue):
 every method takes what the kernel sent and returns the bytes to reply, or raises; exceptions
-become errno values in the glue (``fuse_ops.errno_of``). Nothing here touches libfuse, so the
+become errno values in the glue (``errnos.errno_of``). Nothing here touches libfuse, so the
 logic is testable without a mount.
 
 Threading model: libfuse's multi-threaded loop calls these methods from its worker threads at
@@ -33,7 +33,10 @@ TIMEOUT = 86400
 ENCODING = "utf-8"
 #: Node ids below this are a stable source's inode numbers; the table hands out the ones above.
 STABLE_LIMIT = 1 << 56
-LOOKED_UP_MAX = 4096
+LOOKED_UP_MAX = 1024
+#: Entries remembered by path and by inode number. The kernel caches what we answer for a day, so
+#: these only serve the requests that follow each other closely (LOOKUP, then READ or GETATTR).
+ENTRY_CACHE = 1024
 #: Inode number in listings of entries that have none (readdir must not report 0).
 UNKNOWN_INO = 0xFFFFFFFF
 
@@ -62,9 +65,9 @@ class LowLevelOperations:
         self._timeout = TIMEOUT if source.is_immutable else 1
         # LOOKUP, then GETATTR or READ of the same path: remember recent answers (misses too).
         self._entry: Callable[[str], Optional[Entry]] = (
-            functools.lru_cache(maxsize=8192)(self._lookup_entry) if source.is_immutable else self._lookup_entry
+            functools.lru_cache(maxsize=ENTRY_CACHE)(self._lookup_entry) if source.is_immutable else self._lookup_entry
         )
-        self._by_ino: Callable[[int], Optional[Tuple[str, Entry]]] = functools.lru_cache(maxsize=8192)(
+        self._by_ino: Callable[[int], Optional[Tuple[str, Entry]]] = functools.lru_cache(maxsize=ENTRY_CACHE)(
             self._lookup_ino
         )
         #: Nodes just handed out by LOOKUP: the READ or GETATTR that usually follows needs no query.

@@ -26,10 +26,15 @@ logger = logging.getLogger(__name__)
 READY = b"\0"
 
 
+def fsname_for(source_label: str) -> str:
+    """The file system name ``mount``/``df`` show (commas would split libfuse's option string)."""
+    return f"ratarmount:{source_label}"[:200].replace(",", "_")
+
+
 def fuse_kwargs(options: MountOptions, source_label: str) -> Dict[str, Union[str, bool]]:
     kwargs: Dict[str, Union[str, bool]] = {
         "ro": True,
-        "fsname": f"ratarmount:{source_label}"[:200].replace(",", "_"),
+        "fsname": fsname_for(source_label),
         "subtype": "ratarmount",
         "use_ino": True,
         "default_permissions": True,
@@ -106,11 +111,6 @@ def run_fuse(
     on_ready: Optional[Callable[[], None]],
     before_mount: Optional[Callable[[], None]] = None,
 ) -> None:
-    from .fuse_compat import FUSE, IMPORT_ERROR
-    from .fuse_ops import FuseOperations
-
-    if FUSE is None:
-        raise RatarmountError(f"the FUSE binding mfusepy cannot be loaded: {IMPORT_ERROR}")
     _tame_malloc()
     source = open_source(options.sources, options.open_options)
     label = os.path.basename(options.sources[0]) + ("" if len(options.sources) == 1 else ",...")
@@ -137,13 +137,19 @@ def run_fuse(
             from .lowlevel import LowLevelFuse, session_arguments
             from .lowlevel_ops import LowLevelOperations
 
-            fsname = str(fuse_kwargs(options, label)["fsname"])
             LowLevelFuse(LowLevelOperations(source, ready)).serve(
-                options.mountpoint, session_arguments(options.fuse_options, fsname, options.debug >= 2)
+                options.mountpoint, session_arguments(options.fuse_options, fsname_for(label), options.debug >= 2)
             )
             if not mounted:
                 raise RatarmountError(f"cannot mount at {options.mountpoint} (see the message above)")
             return
+        # libfuse 2, high-level-only options, --fuse-api high: mfusepy (imported only here; the
+        # low-level path runs without it).
+        from .fuse_compat import FUSE, IMPORT_ERROR
+        from .fuse_ops import FuseOperations
+
+        if FUSE is None:
+            raise RatarmountError(f"the FUSE binding mfusepy cannot be loaded: {IMPORT_ERROR}")
         operations = FuseOperations(source, ready)
         try:
             FUSE(

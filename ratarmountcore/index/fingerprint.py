@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
+
+from ..digest import sha256
 
 SAMPLE = 16 * 1024
 SAMPLES = 16
@@ -30,7 +31,7 @@ class ArchiveStats:
 def archive_stats(fd: int) -> ArchiveStats:
     """Stat and fingerprint an open file descriptor (reads at most SAMPLES * SAMPLE bytes)."""
     st = os.fstat(fd)
-    digest = hashlib.sha256(str(st.st_size).encode())
+    digest = sha256(str(st.st_size).encode())
     if st.st_size <= SAMPLE * SAMPLES:
         offsets = range(0, st.st_size, SAMPLE)
     else:

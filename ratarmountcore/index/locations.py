@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import List
 
+from ..digest import sha256
 from ..options import IndexOptions
 
 INDEX_SUFFIX = ".index.sqlite"
@@ -17,7 +17,7 @@ def candidate_paths(archive_path: str, options: IndexOptions) -> List[str]:
     if options.index_file:
         return [os.path.abspath(os.path.expanduser(options.index_file))]
     archive = os.path.abspath(archive_path)
-    digest = hashlib.sha256(os.fsencode(archive)).hexdigest()[:16]
+    digest = sha256(os.fsencode(archive)).hexdigest()[:16]
     paths: List[str] = []
     for folder in options.index_folders:
         if not folder:

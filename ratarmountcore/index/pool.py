@@ -29,7 +29,7 @@ class ConnectionPool:
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(read_only_uri(self.path), uri=True, check_same_thread=False, isolation_level=None)
-        conn.execute("PRAGMA cache_size=-4000")
+        conn.execute("PRAGMA cache_size=-1000")
         conn.execute("PRAGMA query_only=1")
         with self._lock:
             self._all.append(conn)

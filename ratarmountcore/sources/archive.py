@@ -69,7 +69,7 @@ class ArchiveSource(MountSource):
         self._compression = compression or CompressionOptions()
         self._nested: Dict[int, RandomAccessReader] = {}
         self._nested_lock = threading.Lock()
-        self._folder_rows = FolderRows(index.list)
+        self._folder_rows = FolderRows(index.list, max_rows=4096)
         meta = index.metadata
         mtime_ns = int(meta.get("archive_mtime_ns", "0"))
         self._root = FileInfo(

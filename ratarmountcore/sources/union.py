@@ -9,7 +9,6 @@ a second union mount opens it directly.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import sqlite3
@@ -17,6 +16,7 @@ import threading
 import uuid
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
+from ..digest import sha256
 from ..index.pool import ConnectionPool, read_only_uri
 from ..index.sqlite_index import IMPLICIT, encode, split_path
 from ..io.readers import MemberFile
@@ -47,7 +47,7 @@ class UnionSource(MountSource):
         self.sources = list(sources)
         self._lock = threading.Lock()
         identities = [_identity(s) for s in self.sources]
-        digest = hashlib.sha256("\n".join([UNION_FORMAT, *identities]).encode()).hexdigest()[:24]
+        digest = sha256("\n".join([UNION_FORMAT, *identities]).encode()).hexdigest()[:24]
         persistent = all(i.startswith("index:") for i in identities)
         folder = os.path.expanduser(cache_folder)
         self.table_path = os.path.join(folder, f"union-{digest}.sqlite") if persistent else ":memory:"
