@@ -154,6 +154,15 @@ def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     )
 
 
+def front_end() -> str:
+    from .lowlevel import library_version
+
+    version = library_version()
+    if version is None:
+        return "libfuse high-level API through mfusepy (libfuse 3.12+ not found for the low-level API)"
+    return f"libfuse {version} low-level API (ctypes; --fuse-api high for mfusepy)"
+
+
 def version_text() -> str:
     from importlib import metadata
 
@@ -170,7 +179,8 @@ def version_text() -> str:
     lines = [
         f"ratarmount {__version__}",
         f"python {sys.version.split()[0]}",
-        f"mfusepy {dist_version('mfusepy')} (libfuse {libfuse_version()})",
+        f"fuse front-end: {front_end()}",
+        f"mfusepy {dist_version('mfusepy')} (libfuse {libfuse_version()}; the fallback front-end)",
         f"sqlite {sqlite3.sqlite_version}",
     ]
     from ratarmountcore.compression import backend_versions

@@ -160,6 +160,15 @@ def library() -> Optional[Any]:
     return _LIBRARY
 
 
+def library_version() -> Optional[str]:
+    """libfuse's own version string (e.g. "3.14.0") when the low-level API can be used."""
+    lib = library()
+    if lib is None:
+        return None
+    lib.fuse_pkgversion.restype = ctypes.c_char_p
+    return str(lib.fuse_pkgversion().decode())
+
+
 def usable(fuse_options: Dict[str, Any]) -> bool:
     """Whether the low-level front-end can serve a mount with these ``-o`` options."""
     unknown = sorted(set(fuse_options) & OTHER_HIGH_LEVEL_OPTIONS)

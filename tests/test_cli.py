@@ -56,6 +56,7 @@ def leftovers(*folders: Path) -> list:
 def test_version_lists_backends() -> None:
     result = run_ratarmount("--version")
     assert result.returncode == 0
+    assert "fuse front-end: " in result.stdout
     for name in ("ratarmount", "mfusepy", "libfuse", "sqlite", "rapidgzip", "indexed_gzip", "zstandard", "python-xz"):
         assert name in result.stdout
 
