@@ -233,3 +233,27 @@ def test_high_level_only_options_fall_back(mounter: Mounter, tmp_path: Path) -> 
     mnt = mounter.mount(archive, extra=["-o", "uid=4321"])
     assert os.stat(mnt / "a/one").st_uid == 4321
     mounter.unmount(mnt)
+
+
+def test_folder_versions_are_pseudo_entries(tmp_path: Path) -> None:
+    """An older version of a folder (``tar -r`` of the folder again) lists empty under both
+    front-ends: it must not be named by the inode number of its row (which names the folder)."""
+    archive = tmp_path / "dirs.tar"
+    with tarfile.open(archive, "w") as tar:
+        for name in ("d", "d/f", "d"):
+            info = tarfile.TarInfo(name)
+            if name == "d":
+                info.type = tarfile.DIRTYPE
+            else:
+                info.size = 1
+            tar.addfile(info, io.BytesIO(b"x") if name != "d" else None)
+    with ratarmountcore.open(str(archive)) as source:
+        assert source.listdir("/d") == ["f"] and source.listdir("/d.versions/1") == []
+        ops = LowLevelOperations(source)
+        versions, _ = lookup(ops, ROOT_ID, b"d.versions")
+        first, attrs = lookup(ops, versions, b"1")
+        assert first >= STABLE_LIMIT and stat.S_ISDIR(attrs["mode"])
+        assert [r[0] for r in list_all(ops, first, plus=True, size=4096)] == [b".", b".."]
+        folder, _ = lookup(ops, ROOT_ID, b"d")
+        assert folder < STABLE_LIMIT
+        assert [r[0] for r in list_all(ops, folder, plus=True, size=4096)] == [b".", b"..", b"f"]

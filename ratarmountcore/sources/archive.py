@@ -51,6 +51,14 @@ def row_to_info(row: Row) -> FileInfo:
     )
 
 
+def _version_info(row: Row) -> FileInfo:
+    """``PATH.versions/N``: the member's own row. A folder version is shown empty (its members are
+    the current folder's), so it has no inode number of its own (``by_ino`` of the row's number
+    names the current folder)."""
+    info = row_to_info(row)
+    return info._replace(ino=0) if info.is_dir else info
+
+
 class ArchiveSource(MountSource):
     """Members of one archive. Lookups are indexed SQLite queries (one connection per thread);
     reads go through the shared, thread-safe ``RandomAccessReader``."""
@@ -131,7 +139,7 @@ class ArchiveSource(MountSource):
             versions = self._index.versions(grand, base)
             number = int(name)
             if 1 <= number <= len(versions) and str(number).encode() == name:
-                return row_to_info(versions[number - 1])
+                return _version_info(versions[number - 1])
         return None
 
     def by_ino(self, ino: int) -> Optional[Tuple[str, FileInfo]]:
@@ -152,7 +160,7 @@ class ArchiveSource(MountSource):
         parent, name = split_path(path)
         if info.ino == 0 and name.endswith(VERSIONS_SUFFIX):
             versions = self._index.versions(parent, name[: -len(VERSIONS_SUFFIX)])
-            return [(str(i + 1), row_to_info(row)) for i, row in enumerate(versions)]
+            return [(str(i + 1), _version_info(row)) for i, row in enumerate(versions)]
         rows = self._index.list(encode(path))
         return [(_decode(row[2]), row_to_info(row)) for row in rows if row[2]]
 
