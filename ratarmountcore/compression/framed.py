@@ -258,9 +258,12 @@ class FramedReader(CompressedReader):
         pieces: List[bytes] = []
         frame = table.find(offset)
         last = table.find(end - 1)
-        if self._ahead_depth and self._last_frame <= frame <= self._last_frame + 1 and last > self._last_frame:
-            # Contiguous reads moved on into a new frame: a sequential pass (a small member read
-            # in pieces stays inside one frame and triggers nothing).
+        if self._ahead_depth and (
+            offset == 0 or (self._last_frame <= frame <= self._last_frame + 1 and last > self._last_frame)
+        ):
+            # A read from the very start (the first mount's scan), or contiguous reads that moved
+            # on into a new frame: a sequential pass (a small member read in pieces stays inside
+            # one frame and triggers nothing).
             self._decode_ahead(table, last + 1)
         self._last_frame = last
         position = offset
