@@ -18,6 +18,7 @@ import ctypes
 import ctypes.util
 import errno
 import logging
+import mmap
 import os
 import signal
 import threading
@@ -31,6 +32,8 @@ from .lowlevel_ops import LowLevelOperations
 logger = logging.getLogger(__name__)
 
 FUSE_CAP_NO_OPEN_SUPPORT = 1 << 17
+#: Read buffer per worker thread (the kernel asks for at most 1 MiB with libfuse 3's defaults).
+READ_BUFFER = 1024 * 1024 + 4096
 
 #: Options of libfuse's high-level library (``fuse_new``) that ``fuse_session_new`` rejects. The
 #: ones we implement ourselves are dropped; any other one makes us use the high-level API.
@@ -227,11 +230,13 @@ class LowLevelFuse:
         self.lib.fuse_reply_err(req, code)
 
     def _buffer(self, size: int) -> Any:
+        """This worker's read buffer: an anonymous mapping, so only the pages reads have used
+        are resident (a zeroed bytearray would make the whole buffer resident per worker)."""
         local = self._local
         holder = getattr(local, "buffer", None)
         if holder is None or len(holder[0]) < size:
-            data = bytearray(max(size, 128 * 1024))
-            holder = local.buffer = (data, ctypes.addressof((ctypes.c_char * len(data)).from_buffer(data)))
+            data = mmap.mmap(-1, max(size, READ_BUFFER))
+            holder = local.buffer = (data, ctypes.addressof(ctypes.c_char.from_buffer(data)))
         return holder
 
     # --- the operations table -----------------------------------------------------------------
