@@ -15,11 +15,11 @@ import logging
 import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar, Union
 
-from ratarmountcore.io.readers import MemberFile
 from ratarmountcore.sources.base import FileInfo, MountSource
 
 from .errnos import errno_of
 from .fuse_compat import FUSE_FILL_DIR_PLUS, FUSE_UNKNOWN_INO, fuse
+from .open_files import OpenFiles
 from .stat_packing import StatPacker
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
     def __init__(self, source: MountSource, on_ready: Optional[Callable[[], None]] = None) -> None:
         self.source = source
         self._on_ready = on_ready
-        self._handles: Dict[int, MemberFile] = {}
+        self.files = OpenFiles(source)
         #: Open directory listings: (name, packed struct stat, filler flags) per entry.
         self._listings: Dict[int, List[Listed]] = {}
         self._next_handle = itertools.count(1)
@@ -106,7 +106,7 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
             self._on_ready()
 
     def destroy(self, path: str) -> None:
-        self._handles.clear()
+        self.files.clear()
 
     @translate_errors
     def getattr(self, path: str, fh: Optional[int] = None) -> Dict[str, int]:
@@ -172,22 +172,13 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
             raise fuse.FuseOSError(errno.EISDIR)
         if self._no_open:
             raise fuse.FuseOSError(errno.ENOSYS)  # see init_with_config; the open itself succeeds
-        handle = next(self._next_handle)
-        self._handles[handle] = self.source.open_info(info)
-        return handle
+        return self.files.open(info)
 
     @translate_errors
     def read_into(self, view: memoryview, offset: int, fh: int, path: Optional[str] = None) -> int:
         if fh == 0 and path is not None:  # an open the kernel did not tell us about
-            member = self.source.open_info(self._info(path))
-            try:
-                return member.preadinto(offset, view)
-            finally:
-                member.close()
-        handle = self._handles.get(fh)
-        if handle is None:
-            raise fuse.FuseOSError(errno.EBADF)
-        return handle.preadinto(offset, view)
+            return self.files.read_unopened(self._info(path), offset, view)
+        return self.files.read(fh, offset, view)
 
     @translate_errors
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
@@ -196,9 +187,7 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
         return bytes(view[: self.read_into(view, offset, fh, path)])
 
     def release(self, path: str, fh: int) -> int:
-        member = self._handles.pop(fh, None)
-        if member is not None:
-            member.close()
+        self.files.release(fh)
         return 0
 
     @translate_errors

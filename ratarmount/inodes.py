@@ -42,10 +42,6 @@ class InodeTable:
             raise StaleNodeError(node)
         return entry[0]  # type: ignore[return-value]
 
-    def child(self, parent: int, name: str) -> str:
-        base = self.path(parent)
-        return ("/" + name) if base == "/" else (base + "/" + name)
-
     def remember(self, path: str) -> int:
         """The id of ``path``, counting one more reference held by the kernel."""
         with self._lock:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import stat
 import struct
-from typing import Optional, Tuple
+from typing import Tuple
 
 from ratarmountcore.sources.base import FileInfo
 
@@ -36,29 +36,19 @@ FOPEN_KEEP_CACHE = 1 << 1
 FOPEN_CACHE_DIR = 1 << 3
 
 
-def pack_attr(info: FileInfo, owner: Optional[Tuple[int, int]] = None) -> bytes:
-    """``struct fuse_attr`` of ``info`` (``owner`` replaces uid and gid when given)."""
+def _attr_values(info: FileInfo, ino: int) -> Tuple[int, ...]:
+    """The fields of ``struct fuse_attr`` for ``info``, shown with inode number ``ino``."""
     seconds, nanoseconds = divmod(info.mtime_ns, 1_000_000_000)
     size = info.size
-    uid, gid = owner if owner is not None else (info.uid, info.gid)
-    return _ATTR.pack(
-        info.ino,
-        size,
-        (size + 511) // 512,
-        seconds,
-        seconds,
-        seconds,
-        nanoseconds,
-        nanoseconds,
-        nanoseconds,
-        info.mode,
-        info.nlink,
-        uid,
-        gid,
-        info.rdev,
-        4096,
-        0,
-    )
+    return (
+        ino, size, (size + 511) // 512, seconds, seconds, seconds, nanoseconds, nanoseconds, nanoseconds,
+        info.mode, info.nlink, info.uid, info.gid, info.rdev, 4096, 0,
+    )  # fmt: skip
+
+
+def pack_attr(info: FileInfo) -> bytes:
+    """``struct fuse_attr`` of ``info``."""
+    return _ATTR.pack(*_attr_values(info, info.ino))
 
 
 def entry_out(node: int, attr: bytes, timeout: int) -> bytes:
@@ -89,14 +79,8 @@ _PLUS = struct.Struct("=QQQQII" + _ATTR.format[1:] + _DIRENT.format[1:])
 
 def direntplus(node: int, info: FileInfo, timeout: int, offset: int, name: bytes, ino: int) -> bytes:
     """A READDIRPLUS record: the entry with its attributes and node id, padded to 8 bytes."""
-    seconds, nanoseconds = divmod(info.mtime_ns, 1_000_000_000)
-    size = info.size
-    mode = info.mode
     record = _PLUS.pack(
-        node, 0, timeout, timeout, 0, 0,
-        ino, size, (size + 511) // 512, seconds, seconds, seconds, nanoseconds, nanoseconds, nanoseconds,
-        mode, info.nlink, info.uid, info.gid, info.rdev, 4096, 0,
-        ino, offset, len(name), stat.S_IFMT(mode) >> 12,
+        node, 0, timeout, timeout, 0, 0, *_attr_values(info, ino), ino, offset, len(name), stat.S_IFMT(info.mode) >> 12
     ) + name
     return record + bytes(-len(record) % 8)
 

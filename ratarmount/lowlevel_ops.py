@@ -20,11 +20,11 @@ import logging
 import os
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ratarmountcore.io.readers import MemberFile
 from ratarmountcore.sources.base import FileInfo, MountSource
 
 from . import kernel_abi as abi
 from .inodes import ROOT_ID, InodeTable, StaleNodeError
+from .open_files import OpenFiles
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class LowLevelOperations:
         # sources, get ids from the table.
         self._stable = type(source).by_ino is not MountSource.by_ino
         self.nodes = InodeTable(first=STABLE_LIMIT if self._stable else ROOT_ID + 1)
-        self._handles: Dict[int, MemberFile] = {}
+        self.files = OpenFiles(source)
         self._listings: Dict[int, List[Listed]] = {}
         self._next_handle = itertools.count(1)
         self.no_open = False
@@ -80,11 +80,13 @@ class LowLevelOperations:
         path, info = found
         return path, (info, abi.pack_attr(info))
 
+    def _own_node(self, info: FileInfo) -> int:
+        """The entry's inode number when it can be its node id (a stable source), else 0."""
+        return info.ino if self._stable and 1 < info.ino < STABLE_LIMIT else 0
+
     def _node_of(self, path: str, info: FileInfo) -> int:
         """The node id to give the kernel for ``path`` (counted once more when from the table)."""
-        if self._stable and 1 < info.ino < STABLE_LIMIT:
-            return info.ino
-        return self.nodes.remember(path)
+        return self._own_node(info) or self.nodes.remember(path)
 
     def _resolve(self, node: int) -> Tuple[str, Entry]:
         """Path and entry of a node id the kernel holds."""
@@ -115,7 +117,7 @@ class LowLevelOperations:
             self._on_ready()
 
     def destroy(self) -> None:
-        self._handles.clear()
+        self.files.clear()
         self._listings.clear()
 
     # --- names --------------------------------------------------------------------------------
@@ -163,26 +165,15 @@ class LowLevelOperations:
             raise _errno(errno.EISDIR)
         if self.no_open:
             raise _errno(errno.ENOSYS)  # see init; the open itself succeeds
-        handle = next(self._next_handle)
-        self._handles[handle] = self.source.open_info(info)
-        return abi.open_out(handle, abi.FOPEN_KEEP_CACHE)
+        return abi.open_out(self.files.open(info), abi.FOPEN_KEEP_CACHE)
 
     def read(self, node: int, handle: int, offset: int, view: memoryview) -> int:
         if handle == 0:  # an open the kernel did not tell us about
-            member = self.source.open_info(self._resolve(node)[1][0])
-            try:
-                return member.preadinto(offset, view)
-            finally:
-                member.close()
-        opened = self._handles.get(handle)
-        if opened is None:
-            raise _errno(errno.EBADF)
-        return opened.preadinto(offset, view)
+            return self.files.read_unopened(self._resolve(node)[1][0], offset, view)
+        return self.files.read(handle, offset, view)
 
     def release(self, handle: int) -> None:
-        member = self._handles.pop(handle, None)
-        if member is not None:
-            member.close()
+        self.files.release(handle)
 
     # --- folders ------------------------------------------------------------------------------
     def opendir(self, node: int) -> bytes:
@@ -202,14 +193,14 @@ class LowLevelOperations:
             (b".", "", own[0], plus(0, own[0], 0, 1, b".", own[0].ino or UNKNOWN_INO)),
             (b"..", "", up, plus(0, up, 0, 2, b"..", up.ino or UNKNOWN_INO)),
         ]
-        stable = self._stable
+        own_node = self._own_node
         offset = 2
         for name, info in entries:
             offset += 1
             raw = name.encode(ENCODING, "surrogateescape")
-            ino = info.ino
-            if stable and 1 < ino < STABLE_LIMIT:
-                listing.append((raw, "", info, plus(ino, info, timeout, offset, raw, ino)))
+            node = own_node(info)
+            if node:
+                listing.append((raw, "", info, plus(node, info, timeout, offset, raw, node)))
             else:
                 listing.append((raw, prefix + name, info, b""))
         handle = next(self._next_handle)
