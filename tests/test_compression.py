@@ -584,6 +584,56 @@ def test_sequential_reads_decode_following_frames_ahead(
         assert "ahead" in decoded_by[1]
 
 
+def test_reads_back_and_forth_across_a_frame_boundary_decode_each_frame_once(
+    large_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Members read in name order jump between two neighbouring frames (a folder straddling a
+    boundary): the cache makes room for two of the largest frames, so neither is decoded again,
+    even when its configured budget holds only one."""
+    from ratarmountcore.compression import framed
+
+    monkeypatch.setattr(framed, "FRAME_CACHE", framed.FrameCache(256 * 1024))  # one 256 KiB block
+    archive = compress(fresh_copy(large_tar, tmp_path), "xz-cli-blocks")
+    plain = large_tar.read_bytes()
+    opts = CompressionOptions(parallelization=1)  # no decode-ahead: every decode is a miss
+    with open_compressed(str(archive), PlainFileReader(str(archive)), FormatId.XZ, opts) as reader:
+        assert isinstance(reader, framed.FramedReader)
+        frames = reader.frames
+        boundary = frames.decomp_offsets[len(frames) // 2]
+        for _ in range(10):
+            for offset in (boundary - 3000, boundary + 2000):
+                assert reader.pread(offset, 1000) == plain[offset : offset + 1000]
+        assert reader.stats.frames_decoded == 2
+
+
+def test_frames_decoded_ahead_are_bounded_by_bytes(
+    large_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However many threads decode, the frames held ahead of a sequential reader stay within
+    ``AHEAD_BYTES`` (at least one frame): large xz blocks must not pile up in memory."""
+    from ratarmountcore.compression import framed
+
+    archive = compress(fresh_copy(large_tar, tmp_path), "xz-cli-blocks")
+    monkeypatch.setattr(framed, "AHEAD_BYTES", 256 * 1024)  # one block (the last, shorter one too)
+    plain = large_tar.read_bytes()
+    most_held = 0
+    with open_compressed(
+        str(archive), PlainFileReader(str(archive)), FormatId.XZ, CompressionOptions(parallelization=4)
+    ) as reader:
+        assert isinstance(reader, framed.FramedReader)
+        original = framed.FramedReader._decode_ahead
+
+        def watching(self: framed.FramedReader, table: FrameTable, first: int) -> None:
+            nonlocal most_held
+            original(self, table, first)
+            most_held = max(most_held, len(self._ahead))
+
+        monkeypatch.setattr(framed.FramedReader, "_decode_ahead", watching)
+        data = b"".join(reader.pread(offset, 64 * 1024) for offset in range(0, len(plain), 64 * 1024))
+    assert data == plain
+    assert most_held == 1
+
+
 def test_reader_stream_never_rereads_what_it_already_read() -> None:
     """Reads straddling the read-ahead window continue at its end: a streaming decoder below
     sees forward reads only (an overlap made single-frame zstd restart its frame per window)."""

@@ -8,14 +8,15 @@ Thread safety and memory:
 
 * Frames up to ``whole_frame_limit`` bytes (decompressed) are decoded whole, which verifies their
   checksum *before* any byte is returned, and kept in one process-wide LRU cache of at most
-  ``FRAME_CACHE_BYTES`` bytes (shared by all readers, one lock). Decoding happens outside the lock
-  (at most ``threads`` decodes per reader at a time, and one per frame: other threads wanting the
-  same frame wait for it).
+  ``FRAME_CACHE_BYTES`` bytes, grown to hold two of the largest frame of any reader (shared by
+  all readers, one lock): reads in name order go back and forth across frame boundaries.
+  Decoding happens outside the lock (at most ``threads`` decodes per reader at a time, and one
+  per frame: other threads wanting the same frame wait for it).
 * Sequential reads (a read that moves on into the frame after the previous read's) have the following
   ``threads`` frames decoded ahead by background threads (the libraries release the GIL while
   decoding), so the first mount of a multi-frame xz or zstd file decodes on all cores while the
   scanner parses headers. Frames decoded ahead are held outside the LRU until first used, so
-  they never evict the frame being read (nor each other).
+  they never evict the frame being read (nor each other); they stop at ``AHEAD_BYTES``.
 * Larger frames cannot be cached. They are read through an ``InstancePool`` of streaming cursors
   (at most ``max_cursors`` per reader), each positioned somewhere inside one frame; a read
   continues the cursor closest behind it or restarts one at the frame start. Such files are slow
@@ -30,11 +31,12 @@ import collections
 import concurrent.futures
 import itertools
 import logging
+import mmap
 import struct
 import threading
 from abc import abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar, Dict, List, Optional, Set, Tuple
+from typing import ClassVar, Dict, List, Optional, Set, Tuple, Union
 
 from ..errors import CorruptDataError
 from ..options import CompressionOptions
@@ -44,6 +46,8 @@ from .pool import InstancePool, Slot
 logger = logging.getLogger(__name__)
 
 _ROW = struct.Struct("<qqqqq")
+#: A decoded frame: bytes, or an anonymous mapping (whose memory is returned when it is freed).
+FrameData = Union[bytes, mmap.mmap]
 
 
 @dataclass
@@ -101,6 +105,10 @@ class FrameStream:
 
 #: Decoded frames kept across all readers of the process.
 FRAME_CACHE_BYTES = 32 * 1024 * 1024
+#: Frames decoded ahead (held until read) stop at this many bytes; one frame is always allowed.
+AHEAD_BYTES = 32 * 1024 * 1024
+#: The cache grows to hold at least this many of the largest frame of any open reader.
+FRAMES_CACHED_AT_LEAST = 2
 
 
 class FrameCache:
@@ -109,17 +117,17 @@ class FrameCache:
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self._lock = threading.Lock()
-        self._frames: "collections.OrderedDict[Tuple[int, int], bytes]" = collections.OrderedDict()
+        self._frames: "collections.OrderedDict[Tuple[int, int], FrameData]" = collections.OrderedDict()
         self._bytes = 0
 
-    def get(self, key: Tuple[int, int]) -> Optional[bytes]:
+    def get(self, key: Tuple[int, int]) -> Optional[FrameData]:
         with self._lock:
             data = self._frames.get(key)
             if data is not None:
                 self._frames.move_to_end(key)
             return data
 
-    def put(self, key: Tuple[int, int], data: bytes) -> None:
+    def put(self, key: Tuple[int, int], data: FrameData) -> None:
         with self._lock:
             old = self._frames.pop(key, None)
             if old is not None:
@@ -129,6 +137,11 @@ class FrameCache:
             while self._bytes > self.budget and len(self._frames) > 1:
                 _, evicted = self._frames.popitem(last=False)
                 self._bytes -= len(evicted)
+
+    def reserve(self, budget: int) -> None:
+        """Grow the budget to at least ``budget`` bytes (never shrinks)."""
+        with self._lock:
+            self.budget = max(self.budget, budget)
 
     def drop(self, token: int) -> None:
         with self._lock:
@@ -179,7 +192,7 @@ class FramedReader(CompressedReader):
         )
         self._verified: Set[int] = set()
         #: Frames decoded ahead for a sequential reader (see the module docstring).
-        self._ahead: Dict[int, "concurrent.futures.Future[bytes]"] = {}
+        self._ahead: Dict[int, "concurrent.futures.Future[FrameData]"] = {}
         self._ahead_depth = max(1, options.threads()) if options.threads() > 1 else 0
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._last_frame = -2
@@ -190,7 +203,7 @@ class FramedReader(CompressedReader):
         """Find the frames from the file's structure (cheap: headers only where possible)."""
 
     @abstractmethod
-    def _decode_frame(self, frame: int, table: FrameTable) -> bytes:
+    def _decode_frame(self, frame: int, table: FrameTable) -> FrameData:
         """Decode one frame whole, verifying its checksum and size."""
 
     @abstractmethod
@@ -213,6 +226,11 @@ class FramedReader(CompressedReader):
     def _set_table(self, table: FrameTable) -> None:
         self._frames = table
         largest = max(table.decomp_sizes, default=0)
+        if largest <= self.whole_frame_limit:
+            # Reads in name order cross frame boundaries back and forth (a folder whose members
+            # straddle two frames): with room for one large frame only, every crossing would
+            # decode a frame again (24 MiB xz blocks: 0.4 s each).
+            FRAME_CACHE.reserve(FRAMES_CACHED_AT_LEAST * largest)
         if largest > self.whole_frame_limit and not self._warned:
             self._warned = True
             logger.warning(
@@ -274,7 +292,8 @@ class FramedReader(CompressedReader):
             hi = min(end - start, length)
             if length <= self.whole_frame_limit:
                 data = self._cached_frame(frame, table)
-                pieces.append(data[lo:hi] if (lo, hi) != (0, length) else data)
+                # One copy of the part wanted (frames may be cached as bytearray: never hand one out).
+                pieces.append(bytes(data) if (lo, hi) == (0, length) else memoryview(data)[lo:hi].tobytes())
             else:
                 pieces.append(self._stream_read(frame, lo, hi - lo, table))
             position = start + hi
@@ -283,20 +302,23 @@ class FramedReader(CompressedReader):
 
     def _decode_ahead(self, table: FrameTable, first: int) -> None:
         with self._inflight_lock:
+            held = sum(table.decomp_sizes[frame] for frame in self._ahead)
             for frame in range(first, min(first + self._ahead_depth, len(table))):
-                if table.decomp_sizes[frame] > self.whole_frame_limit:
+                size = table.decomp_sizes[frame]
+                if size > self.whole_frame_limit or (self._ahead and held + size > AHEAD_BYTES):
                     break
                 if frame in self._ahead or frame in self._inflight:
                     continue
                 if FRAME_CACHE.get((self._token, frame)) is not None:
                     continue
+                held += size
                 if self._executor is None:
                     self._executor = concurrent.futures.ThreadPoolExecutor(
                         self._ahead_depth, thread_name_prefix=f"{self.format_name}-ahead"
                     )
                 self._ahead[frame] = self._executor.submit(self._decode_checked, frame, table)
 
-    def _cached_frame(self, frame: int, table: FrameTable) -> bytes:
+    def _cached_frame(self, frame: int, table: FrameTable) -> FrameData:
         key = (self._token, frame)
         while True:
             data = FRAME_CACHE.get(key)
@@ -323,7 +345,7 @@ class FramedReader(CompressedReader):
                 self._inflight.pop(frame, None)
             event.set()
 
-    def _decode_checked(self, frame: int, table: FrameTable) -> bytes:
+    def _decode_checked(self, frame: int, table: FrameTable) -> FrameData:
         with self._decode_slots:
             with self.data_errors():
                 data = self._decode_frame(frame, table)

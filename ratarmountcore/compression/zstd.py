@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Optional, Tuple
 
 from ..errors import CorruptDataError, TruncatedArchiveError
 from ..formats import FormatId
-from .framed import FramedReader, FrameStream, FrameTable
+from .framed import FrameData, FramedReader, FrameStream, FrameTable
 
 ZSTD_MAGIC = 0xFD2FB528
 SKIPPABLE_MASK = 0xFFFFFFF0
@@ -152,7 +152,7 @@ class ZstdReader(FramedReader):
             decompressor = self._local.decompressor = zstandard.ZstdDecompressor()
         return decompressor
 
-    def _decode_frame(self, frame: int, table: FrameTable) -> bytes:
+    def _decode_frame(self, frame: int, table: FrameTable) -> FrameData:
         data = self.raw_pread(table.comp_offsets[frame], table.comp_sizes[frame])
         if len(data) != table.comp_sizes[frame]:
             raise TruncatedArchiveError(f"{self.path}: zstd data is truncated (frame {frame})")
