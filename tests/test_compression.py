@@ -561,7 +561,7 @@ def test_sequential_reads_decode_following_frames_ahead(
 
         def recording(self: FramedReader, frame: int, table: FrameTable) -> bytes:
             decoded_by[frame] = threading.current_thread().name
-            return original(self, frame, table)  # type: ignore[arg-type]
+            return original(self, frame, table)  # type: ignore[arg-type, return-value]
 
         monkeypatch.setattr(type(reader), "_decode_frame", recording)
         assert isinstance(reader, FramedReader) and len(reader.frames) >= 4
