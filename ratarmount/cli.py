@@ -6,7 +6,6 @@ import argparse
 import logging
 import os
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -207,6 +206,8 @@ def unmount(mountpoint: str) -> None:
         exe = shutil.which(tool)
         if exe is None:
             continue
+        import subprocess
+
         result = subprocess.run([exe, *args, mountpoint], capture_output=True, text=True)
         if result.returncode == 0:
             return

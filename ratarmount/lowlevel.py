@@ -15,7 +15,6 @@ whose thread state is pinned for the life of the worker (see ``fuse_compat.FUSE.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import logging
 import mmap
@@ -124,10 +123,20 @@ class Operations(ctypes.Structure):
 
 
 def _load_library() -> Any:
-    name = os.environ.get("FUSE_LIBRARY_PATH") or ctypes.util.find_library("fuse3")
-    if not name:
-        raise OSError("libfuse 3 not found")
-    lib = ctypes.CDLL(name)
+    name = os.environ.get("FUSE_LIBRARY_PATH")
+    try:
+        # The usual soname first: ctypes.util.find_library runs ldconfig and pulls in subprocess
+        # (about 1 MiB more resident in the daemon).
+        lib = ctypes.CDLL(name or "libfuse3.so.3")
+    except OSError:
+        if name:
+            raise
+        from ctypes.util import find_library
+
+        found = find_library("fuse3")
+        if not found:
+            raise OSError("libfuse 3 not found") from None
+        lib = ctypes.CDLL(found)
     lib.fuse_session_new.restype = ctypes.c_void_p
     lib.fuse_session_new.argtypes = [ctypes.POINTER(Args), ctypes.POINTER(Operations), ctypes.c_size_t, ctypes.c_void_p]
     lib.fuse_session_mount.argtypes = [ctypes.c_void_p, ctypes.c_char_p]

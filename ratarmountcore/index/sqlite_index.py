@@ -14,7 +14,6 @@ import posixpath
 import sqlite3
 import struct
 import time
-import uuid
 from importlib import resources
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
@@ -91,7 +90,7 @@ class IndexWriter:
 
     def __init__(self, final_path: str, stats: ArchiveStats, archive_path: str, extra: Dict[str, str]) -> None:
         self.final_path = final_path
-        self.temp_path = f"{final_path}.tmp-{uuid.uuid4().hex[:12]}"
+        self.temp_path = f"{final_path}.tmp-{os.urandom(6).hex()}"
         self._stats = stats
         self._meta = {"archive_path": os.path.abspath(archive_path), **extra}
         self._conn = sqlite3.connect(self.temp_path, isolation_level=None)
