@@ -8,8 +8,9 @@ Thread safety and memory:
 
 * Frames up to ``whole_frame_limit`` bytes (decompressed) are decoded whole, which verifies their
   checksum *before* any byte is returned, and kept in one process-wide LRU cache of at most
-  ``FRAME_CACHE_BYTES`` bytes, grown to hold two of the largest frame of any reader (shared by
-  all readers, one lock): reads in name order go back and forth across frame boundaries.
+  ``FRAME_CACHE_BYTES`` bytes, grown to hold two of a reader's largest frame once it decodes a
+  frame a second time (shared by all readers, one lock): reads in name order go back and forth
+  across frame boundaries.
   Decoding happens outside the lock (at most ``threads`` decodes per reader at a time, and one
   per frame: other threads wanting the same frame wait for it).
 * Sequential reads (a read that moves on into the frame after the previous read's) have the following
@@ -191,6 +192,8 @@ class FramedReader(CompressedReader):
             lambda: Slot(_Cursor(), position=-1), _Cursor.close, self.max_cursors
         )
         self._verified: Set[int] = set()
+        #: The largest frame this reader caches whole (0: none).
+        self._largest_cached = 0
         #: Frames decoded ahead for a sequential reader (see the module docstring).
         self._ahead: Dict[int, "concurrent.futures.Future[FrameData]"] = {}
         self._ahead_depth = max(1, options.threads()) if options.threads() > 1 else 0
@@ -226,11 +229,7 @@ class FramedReader(CompressedReader):
     def _set_table(self, table: FrameTable) -> None:
         self._frames = table
         largest = max(table.decomp_sizes, default=0)
-        if largest <= self.whole_frame_limit:
-            # Reads in name order cross frame boundaries back and forth (a folder whose members
-            # straddle two frames): with room for one large frame only, every crossing would
-            # decode a frame again (24 MiB xz blocks: 0.4 s each).
-            FRAME_CACHE.reserve(FRAMES_CACHED_AT_LEAST * largest)
+        self._largest_cached = largest if largest <= self.whole_frame_limit else 0
         if largest > self.whole_frame_limit and not self._warned:
             self._warned = True
             logger.warning(
@@ -337,6 +336,13 @@ class FramedReader(CompressedReader):
                     break
             event.wait()  # another thread decodes it; on its failure we try ourselves
         try:
+            if frame in self._verified and self._largest_cached:
+                # Decoded before and evicted since: reads go back and forth (in name order, a
+                # folder whose members straddle two frames). With room for one large frame
+                # only, every crossing would decode a frame again (24 MiB xz blocks: 0.4 s
+                # each), so the cache grows to hold two. A sequential scan (the first mount)
+                # never gets here and keeps the smaller budget.
+                FRAME_CACHE.reserve(FRAMES_CACHED_AT_LEAST * self._largest_cached)
             data = self._decode_checked(frame, table)
             FRAME_CACHE.put(key, data)
             return data

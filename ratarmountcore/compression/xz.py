@@ -118,32 +118,43 @@ class XzReader(FramedReader):
         return create_xz_header(check), footer
 
     def _decode_frame(self, frame: int, table: FrameTable) -> FrameData:
-        header, footer = self._wrap(frame, table)
-        padded = _round_up4(table.comp_sizes[frame])
-        block = self.raw_pread(table.comp_offsets[frame], padded)
-        if len(block) != padded:
-            raise TruncatedArchiveError(f"{self.path}: xz data is truncated (block {frame})")
-        # Decoded in steps straight into a buffer of the indexed size: a one-shot decompress
-        # would hold the block twice (its output pieces and their join), 48 MiB for a block of
-        # the 24 MiB that multi-threaded xz writes.
-        # The buffer is an anonymous mapping of its own, so that its memory goes back to the OS
+        # Both sides go in steps: the compressed block is read and fed 1 MiB at a time, and the
+        # output lands straight in a buffer of the indexed size. Whole-block input and a one-shot
+        # decompress held the block's compressed bytes three times (read, joined with the
+        # stream header, copied into the decoder) and its output twice: ~110 MB in flight for
+        # one of the 24 MiB blocks that multi-threaded xz writes, twice with decode-ahead.
+        # The output is an anonymous mapping of its own, so that its memory goes back to the OS
         # when the frame leaves the cache, whatever the process's malloc keeps.
+        header, footer = self._wrap(frame, table)
+        offset = table.comp_offsets[frame]
+        end = offset + _round_up4(table.comp_sizes[frame])
         size = table.decomp_sizes[frame]
         out = mmap.mmap(-1, max(size, 1))
         view = memoryview(out)
         decompressor = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
         filled = 0
-        data = header + block + footer
-        while not decompressor.eof:
-            piece = decompressor.decompress(data, min(DECODE_STEP, size - filled + 1))
-            data = b""
-            if len(piece) > size - filled:
-                raise CorruptDataError(f"{self.path}: corrupt xz data (block {frame} is longer than indexed)")
-            view[filled : filled + len(piece)] = piece
-            filled += len(piece)
-            if not piece and not decompressor.eof:
-                raise CorruptDataError(f"{self.path}: corrupt xz data (block {frame} is incomplete)")
-        del view
+        data = header
+        footer_fed = False
+        try:
+            while not decompressor.eof:
+                if not data and decompressor.needs_input:
+                    if offset < end:
+                        data = self.raw_pread(offset, min(DECODE_STEP, end - offset))
+                        if not data:
+                            raise TruncatedArchiveError(f"{self.path}: xz data is truncated (block {frame})")
+                        offset += len(data)
+                    elif not footer_fed:
+                        data, footer_fed = footer, True
+                    else:
+                        raise CorruptDataError(f"{self.path}: corrupt xz data (block {frame} is incomplete)")
+                piece = decompressor.decompress(data, min(DECODE_STEP, size - filled + 1))
+                data = b""
+                if len(piece) > size - filled:
+                    raise CorruptDataError(f"{self.path}: corrupt xz data (block {frame} is longer than indexed)")
+                view[filled : filled + len(piece)] = piece
+                filled += len(piece)
+        finally:
+            view.release()
         return out if filled == size else out[:filled]  # a short block fails the caller's size check
 
     def _open_stream(self, frame: int, table: FrameTable) -> FrameStream:
