@@ -607,6 +607,24 @@ def test_reads_back_and_forth_across_a_frame_boundary_decode_each_frame_once(
         assert framed.FRAME_CACHE.budget >= 2 * max(frames.decomp_sizes)
 
 
+def test_large_xz_blocks_are_reported_once_with_the_remedy(
+    large_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Blocks that are cached whole but large (``xz -T0`` writes 24 MiB) make every random miss
+    decode a whole block: the user is told once, with the way out."""
+    from ratarmountcore.compression import framed
+
+    monkeypatch.setattr(framed, "SLOW_FRAME_BYTES", 200 * 1024)  # the test file's 256 KiB blocks
+    archive = compress(fresh_copy(large_tar, tmp_path), "xz-cli-blocks")
+    with caplog.at_level(logging.WARNING, logger="ratarmountcore"):
+        with ratarmountcore.open(str(archive), options()) as src:
+            for member in list(members_of(large_tar))[:5]:
+                src.read(member)
+    warnings = [r.getMessage() for r in caplog.records if "random access will be slow" in r.getMessage()]
+    assert len(warnings) == 1
+    assert str(archive) in warnings[0] and "ratarmount-convert" in warnings[0] and "0 MiB" in warnings[0]
+
+
 def test_frames_decoded_ahead_are_bounded_by_bytes(
     large_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

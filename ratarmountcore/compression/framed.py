@@ -106,6 +106,8 @@ class FrameStream:
 
 #: Decoded frames kept across all readers of the process.
 FRAME_CACHE_BYTES = 32 * 1024 * 1024
+#: Frames at least this large make random reads slow enough to tell the user (once per reader).
+SLOW_FRAME_BYTES = 16 * 1024 * 1024
 #: Frames decoded ahead (held until read) stop at this many bytes; one frame is always allowed.
 AHEAD_BYTES = 32 * 1024 * 1024
 #: The cache grows to hold at least this many of the largest frame of any open reader.
@@ -237,6 +239,16 @@ class FramedReader(CompressedReader):
                 "from a frame start and will be slow. %s",
                 self.path,
                 len(table),
+                self.format_name,
+                largest / 2**20,
+                self.multi_frame_hint,
+            )
+        elif largest >= SLOW_FRAME_BYTES and not self._warned:
+            self._warned = True
+            logger.warning(
+                "%s has %s frames of up to %.0f MiB: each random read that misses the cache decodes a "
+                "whole frame (about 0.1 s per 4 MiB), so random access will be slow. %s",
+                self.path,
                 self.format_name,
                 largest / 2**20,
                 self.multi_frame_hint,

@@ -68,8 +68,8 @@ class XzReader(FramedReader):
     format_name: ClassVar[str] = "xz"
     format_id: ClassVar[FormatId] = FormatId.XZ
     multi_frame_hint: ClassVar[str] = (
-        "Recompress with `xz -T0` (or `xz --block-size=4MiB`) for independent blocks, or convert it once "
-        "with `ratarmount-convert ARCHIVE OUT.tar.zst`."
+        "Recompress with `xz --block-size=4MiB` (`xz -T0` alone writes blocks of 24 MiB and more), or "
+        "convert it once with `ratarmount-convert ARCHIVE OUT.tar.zst` (4 MiB frames, index included)."
     )
 
     def data_errors(self, extra: Tuple[type, ...] = ()) -> Any:
