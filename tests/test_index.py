@@ -121,3 +121,28 @@ def test_lookups_in_one_folder_load_it_once_and_agree_with_the_index(tmp_path: P
             assert src.read(f"/big/f{i}") == (f"{i}-1" if i % 50 == 0 else f"{i}-0").encode()
         assert sum(1 for parent, _ in single if parent == b"/big") >= 199  # not cached
         assert folders.loads == 2
+
+
+def test_only_runs_of_lookups_in_a_folder_load_it(tmp_path: Path) -> None:
+    """Opens all over the tree (a shuffling loader: d/f looks up d, then f in d) query one row
+    each; a run of lookups in one folder loads it once, also when they alternate with lookups
+    in its parent."""
+    archive = tmp_path / "a.tar"
+    with tarfile.open(archive, "w") as tar:
+        for d in range(20):
+            for f in range(10):
+                data = f"{d}/{f}".encode()
+                info = tarfile.TarInfo(f"d{d}/f{f}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    with ratarmountcore.open(str(archive)) as src:
+        folders = src._folder_rows  # type: ignore[attr-defined]
+        for f in (1, 2):  # twice around the tree, one file per folder at a time, as the kernel
+            for d in range(20):  # asks: the folder, then the file in it
+                assert src.lookup(f"/d{d}") is not None
+                assert src.read(f"/d{d}/f{f}") == f"{d}/{f}".encode()
+        assert folders.loads == 1  # the root only (every other lookup is there)
+        for f in range(10):  # a run in one folder, alternating with its parent
+            assert src.lookup("/d3") is not None
+            assert src.read(f"/d3/f{f}") == f"3/{f}".encode()
+        assert folders.loads == 2
