@@ -25,7 +25,7 @@ from .pool import ConnectionPool
 logger = logging.getLogger(__name__)
 
 #: Bump when the schema or the meaning of a column changes; older indexes are rebuilt.
-FORMAT_VERSION = "4"
+FORMAT_VERSION = "5"
 #: ``offset_header`` of folders that no member names, only member paths imply.
 IMPLICIT = -1
 
