@@ -60,9 +60,9 @@ def fuse_kwargs(options: MountOptions, source_label: str) -> Dict[str, Union[str
 #: page fault per 4 KiB, which took a quarter of the daemon's CPU when reading a large tar.gz
 #: sequentially (256 KiB threshold) and doubled the cost of a random read from a .tar.zst of
 #: 4 MiB frames (1,000 reads 4.4 -> 6.9 s with a 4 MiB threshold). Fixed, so glibc does not
-#: raise it on its own, which let per-thread heaps keep every 24 MiB xz block ever decoded
-#: (136 MiB resident after reading a 100 MB .tar.xz once; 72 MiB with this threshold). glibc
-#: ignores values above 32 MiB.
+#: move it on its own. Until session 5 it was 64 MiB: every 24 MiB xz block then came from
+#: per-thread heaps that never shrink (136 MiB resident after reading a 100 MB .tar.xz once;
+#: 72 MiB with this threshold).
 MMAP_THRESHOLD = 8 * 1024 * 1024
 
 
