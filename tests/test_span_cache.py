@@ -195,6 +195,12 @@ def test_large_reads_bypass_the_cache_and_decode_into_the_buffer(tmp_path: Path,
             view = memoryview(bytearray(size))
             count = member.preadinto(offset, view)
             assert bytes(view[:count]) == big[offset : offset + size]
+        # The Python API's readinto takes the same path (a file object read in large pieces).
+        with src.open("/big.bin") as f:
+            f.seek(end)
+            piece = bytearray(DIRECT_READ_MIN + 10)
+            assert f.readinto(piece) == DIRECT_READ_MIN and bytes(piece[:DIRECT_READ_MIN]) == big[end:]
+            assert f.readinto(piece) == 0
         assert reader._spans is not None and reader._spans.misses == 0 and reader._spans.decoded_bytes == 0
         small = memoryview(bytearray(1000))
         assert member.preadinto(5000, small) == 1000 and bytes(small) == big[5000:6000]

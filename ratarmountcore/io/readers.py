@@ -271,11 +271,13 @@ class MemberFile(io.RawIOBase):
         return bytes(out)
 
     def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def,override]
+        # Straight into the caller's buffer: no intermediate bytes, and large reads from a
+        # compressed archive skip the span cache as they do through the mount.
         with self._lock:
-            data = self.pread(self._pos, len(buffer))
-            buffer[: len(data)] = data
-            self._pos += len(data)
-            return len(data)
+            view = memoryview(buffer).cast("B")
+            count = self.preadinto(self._pos, view) if self._pos < self._size else 0
+            self._pos += count
+            return count
 
     def readall(self) -> bytes:
         with self._lock:
