@@ -13,12 +13,14 @@ for handles).
 
 from __future__ import annotations
 
+import collections
 import errno
 import functools
 import itertools
 import logging
 import os
-from typing import Callable, Dict, List, Optional, Tuple
+import threading
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from ratarmountcore.sources.base import FileInfo, MountSource
 
@@ -37,12 +39,24 @@ LOOKED_UP_MAX = 1024
 #: Entries remembered by path and by inode number. The kernel caches what we answer for a day, so
 #: these only serve the requests that follow each other closely (LOOKUP, then READ or GETATTR).
 ENTRY_CACHE = 1024
+#: LOOKUP replies kept for whole folders, all folders together (see ``_load_replies``).
+REPLY_CACHE_ENTRIES = 1024
+#: Folders with more entries than this are looked up entry by entry.
+REPLY_FOLDER_MAX = 512
+#: A lookup in one of the last this many distinct folders counts as a run there.
+RECENT_FOLDERS = 2
+#: Folders (cached or marked as not cacheable) remembered at most.
+REPLY_FOLDERS_MAX = 256
+#: Names of pseudo entries (``PATH.versions``), which listings leave out.
+VERSIONS_SUFFIX = b".versions"
 #: Inode number in listings of entries that have none (readdir must not report 0).
 UNKNOWN_INO = 0xFFFFFFFF
 
 Entry = Tuple[FileInfo, bytes]  # info, packed struct fuse_attr
 #: name, path (when the node id comes from the table), info, READDIRPLUS record (when known)
 Listed = Tuple[bytes, str, FileInfo, bytes]
+#: Marks a folder whose LOOKUP replies are not cached (too large, or entries without inodes).
+_NOT_CACHED: Dict[bytes, Tuple[int, bytes, Tuple[str, "Entry"]]] = {}
 
 
 def _errno(code: int) -> OSError:
@@ -72,6 +86,14 @@ class LowLevelOperations:
         )
         #: Nodes just handed out by LOOKUP: the READ or GETATTR that usually follows needs no query.
         self._looked_up: Dict[int, Tuple[str, Entry]] = {}
+        #: LOOKUP replies of whole folders (stable, immutable sources), made for runs of lookups.
+        self._replies: "collections.OrderedDict[int, Dict[bytes, Tuple[int, bytes, Tuple[str, Entry]]]]" = (
+            collections.OrderedDict()
+        )
+        self._replies_lock = threading.Lock()
+        self._reply_count = 0
+        self._recent_parents: List[int] = []
+        self._negative = abi.entry_out(0, abi.NEGATIVE_ATTR, self._timeout)
 
     def _lookup_ino(self, ino: int) -> Optional[Tuple[str, Entry]]:
         found = self.source.by_ino(ino)
@@ -122,19 +144,79 @@ class LowLevelOperations:
 
     # --- names --------------------------------------------------------------------------------
     def lookup(self, parent: int, name: bytes) -> bytes:
+        replies = self._replies.get(parent)
+        if replies is not None:
+            if replies is _NOT_CACHED:
+                return self._lookup_slow(parent, name)
+            hit = replies.get(name)
+            if hit is not None:
+                self._remember(hit[0], hit[2])
+                return hit[1]
+            if not name.endswith(VERSIONS_SUFFIX):  # pseudo entries are not listed
+                return self._negative
+        elif self._stable and self.source.is_immutable:
+            parents = self._recent_parents
+            if parent in parents:
+                self._load_replies(parent)
+                return self.lookup(parent, name)
+            else:
+                parents.append(parent)
+                if len(parents) > RECENT_FOLDERS:
+                    del parents[0]
+        return self._lookup_slow(parent, name)
+
+    def _lookup_slow(self, parent: int, name: bytes) -> bytes:
         base = self._resolve(parent)[0]
         text = name.decode(ENCODING, "surrogateescape")
         path = ("/" + text) if base == "/" else (base + "/" + text)
         entry = self._entry(path)
         if entry is None:
-            return abi.entry_out(0, abi.NEGATIVE_ATTR, self._timeout)
+            return self._negative
         node = self._node_of(path, entry[0])
         if node < self.nodes.first:
-            recent = self._looked_up
-            if len(recent) >= LOOKED_UP_MAX:
-                recent.clear()
-            recent[node] = (path, entry)
+            self._remember(node, (path, entry))
         return abi.entry_out(node, self._attr(node, entry), self._timeout)
+
+    def _remember(self, node: int, found: Tuple[str, Entry]) -> None:
+        recent = self._looked_up
+        if len(recent) >= LOOKED_UP_MAX:
+            recent.clear()
+        recent[node] = found
+
+    def _load_replies(self, parent: int) -> None:
+        """Make the LOOKUP reply of every entry of folder ``parent`` (a run of lookups there:
+        each further one, misses included, is a dictionary hit), or mark it as not cached."""
+        path, _own = self._resolve(parent)
+        entries = self.source.list_entries(path)
+        replies = self._build_replies(path, entries) if entries is not None else None
+        with self._replies_lock:
+            self._reply_count -= len(self._replies.pop(parent, ()))  # made twice by two threads
+            self._replies[parent] = _NOT_CACHED if replies is None else replies
+            self._reply_count += len(replies or ())
+            while self._reply_count > REPLY_CACHE_ENTRIES and len(self._replies) > 1:
+                _, old = self._replies.popitem(last=False)
+                self._reply_count -= len(old)
+            while len(self._replies) > REPLY_FOLDERS_MAX:  # markers of folders not cached
+                _, old = self._replies.popitem(last=False)
+                self._reply_count -= len(old)
+
+    def _build_replies(
+        self, path: str, entries: Iterable[Tuple[str, FileInfo]]
+    ) -> Optional[Dict[bytes, Tuple[int, bytes, Tuple[str, Entry]]]]:
+        prefix = "/" if path == "/" else path + "/"
+        timeout = self._timeout
+        replies: Dict[bytes, Tuple[int, bytes, Tuple[str, Entry]]] = {}
+        for name, info in entries:
+            node = self._own_node(info)
+            if not node or len(replies) >= REPLY_FOLDER_MAX:
+                return None  # an entry the table would name, or too large a folder
+            attr = abi.pack_attr(info)
+            replies[name.encode(ENCODING, "surrogateescape")] = (
+                node,
+                abi.entry_out(node, attr, timeout),
+                (prefix + name, (info, attr)),
+            )
+        return replies
 
     def forget(self, node: int, count: int) -> None:
         self.nodes.forget(node, count)

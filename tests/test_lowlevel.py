@@ -257,3 +257,60 @@ def test_folder_versions_are_pseudo_entries(tmp_path: Path) -> None:
         folder, _ = lookup(ops, ROOT_ID, b"d")
         assert folder < STABLE_LIMIT
         assert [r[0] for r in list_all(ops, folder, plus=True, size=4096)] == [b".", b"..", b"f"]
+
+
+def test_runs_of_lookups_are_answered_from_whole_folder_replies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of lookups in one folder (a stat of every file) makes the replies of the whole folder
+    at once: later lookups there, misses included, never reach the source, and every answer is
+    the one an entry-by-entry lookup gives (pseudo entries too). Large folders stay uncached."""
+    from ratarmount import lowlevel_ops
+
+    monkeypatch.setattr(lowlevel_ops, "REPLY_FOLDER_MAX", 30)
+    archive = tmp_path / "many.tar"
+    with tarfile.open(archive, "w", format=tarfile.GNU_FORMAT) as tar:
+        names = [f"d/f{i}" for i in range(25)] + ["d/f0", "d/caf\udce9"] + [f"big/g{i}" for i in range(40)]
+        for i, name in enumerate(names):
+            info = tarfile.TarInfo(name)
+            data = f"{name}#{i}".encode("utf-8", "surrogateescape")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    source = ratarmountcore.open(str(archive))
+    reference = LowLevelOperations(ratarmountcore.open(str(archive)))
+    ops = LowLevelOperations(source)
+    ops.init(no_open_supported=False)
+    asked: List[str] = []
+    original = source.lookup
+
+    def counting(path: str):  # type: ignore[no-untyped-def]
+        asked.append(path)
+        return original(path)
+
+    monkeypatch.setattr(source, "lookup", counting)
+    for folder, count in ((b"d", 25), (b"big", 40)):
+        folder_node = lookup(ops, ROOT_ID, folder)[0]
+        reference_node = lookup(reference, ROOT_ID, folder)[0]
+        prefix = b"f" if folder == b"d" else b"g"
+        raw_names = [prefix + b"%d" % i for i in range(count)] + [b"missing"]
+        if folder == b"d":
+            raw_names += [b"caf\xe9", b"f0.versions"]
+        asked.clear()
+        for name in raw_names:
+            got = ops.lookup(folder_node, name)
+            assert got == reference.lookup(reference_node, name), name
+        cached = ops._replies.get(folder_node)
+        if folder == b"d":
+            assert cached is not None and cached is not lowlevel_ops._NOT_CACHED
+            # The first lookup (entry by entry) and the listing of the folder; then only the
+            # pseudo entry is asked for.
+            assert len([p for p in asked if not p.endswith(".versions")]) == 2
+            node = parse_entry(ops.lookup(folder_node, b"f3"))[0]
+            view = memoryview(bytearray(100))
+            count_read = ops.read(node, 0, 0, view)
+            assert bytes(view[:count_read]) == b"d/f3#3"
+        else:
+            assert cached is lowlevel_ops._NOT_CACHED  # more entries than REPLY_FOLDER_MAX
+            assert len([p for p in asked if p.startswith("/big/")]) == len(raw_names)
+    source.close()
+    reference.source.close()
