@@ -205,3 +205,43 @@ def test_large_reads_bypass_the_cache_and_decode_into_the_buffer(tmp_path: Path,
         small = memoryview(bytearray(1000))
         assert member.preadinto(5000, small) == 1000 and bytes(small) == big[5000:6000]
         assert reader._spans.misses == 1
+
+
+def test_span_misses_use_single_threaded_decoders_and_large_reads_parallel_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rapidgzip: a span-cache miss is decoded by a decoder with one thread (no speculative work
+    on the following chunks), a large read by one with all the configured threads."""
+    from ratarmountcore.compression.gzip import RapidgzipReader
+    from ratarmountcore.compression.pooled import DIRECT_READ_MIN
+
+    archive = tmp_path / "a.tar.gz"
+    rng = random.Random(3)
+    big = bytes(rng.getrandbits(8) for _ in range(400_000))
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("big.bin")
+        info.size = len(big)
+        tar.addfile(info, io.BytesIO(big))
+    archive.write_bytes(gzip.compress(buffer.getvalue(), compresslevel=1))
+    compression = CompressionOptions(gzip_backend="rapidgzip", seek_point_spacing=64 * 1024, parallelization=2)
+    opts = OpenOptions(index=IndexOptions(progress=False), compression=compression)
+    with ratarmountcore.open(str(archive), opts):
+        pass
+    made: List[int] = []
+    original = RapidgzipReader._open_decoder
+
+    def recording(self: RapidgzipReader, raw, threads: int):  # type: ignore[no-untyped-def]
+        made.append(threads)
+        return original(self, raw, threads)
+
+    monkeypatch.setattr(RapidgzipReader, "_open_decoder", recording)
+    with ratarmountcore.open(str(archive), opts) as src:
+        member = src.open_info(src.info("/big.bin"))
+        small = memoryview(bytearray(1000))
+        for offset in (300_000, 5_000, 150_000):
+            assert member.preadinto(offset, small) == 1000 and bytes(small) == big[offset : offset + 1000]
+        assert made and set(made) == {1}
+        large = memoryview(bytearray(DIRECT_READ_MIN))
+        assert member.preadinto(1000, large) == DIRECT_READ_MIN and bytes(large) == big[1000 : 1000 + DIRECT_READ_MIN]
+        assert made[-1] == 2

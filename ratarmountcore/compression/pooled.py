@@ -40,6 +40,11 @@ class PooledReader(CompressedReader):
     #: Finish (fully decompress and verify) the first decoder as soon as it is created, before any
     #: read (for libraries that only verify checksums while building their complete index).
     finish_on_create: ClassVar[bool] = False
+    #: Threads of the decoders that fill the span cache (small reads), when they should differ
+    #: from ``parallelization`` (None: the same decoders serve both). A parallel decoder
+    #: speculatively decodes the spans after the one asked for; for reads all over the file
+    #: that work is wasted (see ``docs/design.md``).
+    span_decoder_threads: ClassVar[Optional[int]] = None
 
     def __init__(self, path: str, plain: PlainFile, options: CompressionOptions) -> None:
         super().__init__(path, plain, options)
@@ -51,12 +56,21 @@ class PooledReader(CompressedReader):
         #: Decoded spans between seek points, once the seek points are known (see ``spans.py``).
         self._spans: Optional[SpanCache] = None
         count = min(self.max_instances, max(1, options.threads()))
-        self._pool: InstancePool[Any] = InstancePool(self._new_slot, self._close_decoder, count)
+        threads = options.threads()
+        self._pool: InstancePool[Any] = InstancePool(lambda: self._new_slot(threads), self._close_decoder, count)
+        span_threads = self.span_decoder_threads
+        #: Decoders for span-cache misses (the same pool unless ``span_decoder_threads`` differs).
+        self._span_pool: InstancePool[Any] = (
+            InstancePool(lambda: self._new_slot(span_threads), self._close_decoder, count)
+            if span_threads is not None and span_threads != threads
+            else self._pool
+        )
 
     # --- backend hooks ------------------------------------------------------------------------
     @abstractmethod
-    def _open_decoder(self, raw: Union[str, FdFile]) -> Any:
-        """A new library decoder reading ``raw`` (a path or a file object, see ``library_source``)."""
+    def _open_decoder(self, raw: Union[str, FdFile], threads: int) -> Any:
+        """A new library decoder reading ``raw`` (a path or a file object, see ``library_source``),
+        decoding with up to ``threads`` threads where the library can."""
 
     @abstractmethod
     def _load_seek_points(self, decoder: Any, payload: bytes) -> None:
@@ -86,9 +100,9 @@ class PooledReader(CompressedReader):
         self._spans = optional_cache(starts, self._size, self.options.cache_size)
 
     # --- pool ---------------------------------------------------------------------------------
-    def _new_slot(self) -> Slot[Any]:
+    def _new_slot(self, threads: int) -> Slot[Any]:
         with self.data_errors():
-            decoder = self._open_decoder(self.library_source())
+            decoder = self._open_decoder(self.library_source(), threads)
         self.stats.decoders_created += 1
         slot: Slot[Any] = Slot(decoder)
         try:
@@ -131,12 +145,25 @@ class PooledReader(CompressedReader):
             spans = self._spans
             if spans is not None and spans.covers(offset, size):
                 return spans.read(offset, size, self._decode_span)
-        return self._pread_direct(offset, size)
+        return self._pread_direct(offset, size, self._pool_for(size))
+
+    def _pool_for(self, size: int) -> InstancePool[Any]:
+        """Small reads before the span cache exists (the first read after a mount, which makes
+        the decoder that tells the span starts) go to the span decoders once the seek points
+        are known; everything else, the first mount's scan included, to the parallel ones."""
+        if size < DIRECT_READ_MIN and self._payload_loader is not None:
+            return self._span_pool
+        return self._pool
 
     def preadinto(self, offset: int, view: memoryview) -> int:
         spans = self._spans
-        if len(view) < DIRECT_READ_MIN and spans is not None and spans.covers(offset, len(view)):
-            return spans.readinto(offset, view, self._decode_span)
+        if len(view) < DIRECT_READ_MIN:
+            if spans is not None and spans.covers(offset, len(view)):
+                return spans.readinto(offset, view, self._decode_span)
+            if spans is None and self._payload_loader is not None:
+                data = self.pread(offset, len(view))
+                view[: len(data)] = data
+                return len(data)
         known = self._size
         if known is None or offset < 0:
             return super().preadinto(offset, view)
@@ -162,10 +189,10 @@ class PooledReader(CompressedReader):
         return done
 
     def _decode_span(self, start: int, end: int) -> bytes:
-        return self._pread_direct(start, end - start)
+        return self._pread_direct(start, end - start, self._span_pool)
 
-    def _pread_direct(self, offset: int, size: int) -> bytes:
-        with self._pool.acquire(offset, end=offset + size) as slot:
+    def _pread_direct(self, offset: int, size: int, pool: Optional[InstancePool[Any]] = None) -> bytes:
+        with (pool or self._pool).acquire(offset, end=offset + size) as slot:
             decoder = slot.instance
             with self.data_errors():
                 if slot.position != offset:
@@ -210,10 +237,14 @@ class PooledReader(CompressedReader):
         self._payload_loader = load
         # Decoders made before the import (if any) lack the seek points: drop them.
         self._pool.retire_idle(lambda s: not s.complete)
+        if self._span_pool is not self._pool:
+            self._span_pool.retire_idle(lambda s: not s.complete)
 
     def close(self) -> None:
         try:
             self._pool.close()
+            if self._span_pool is not self._pool:
+                self._span_pool.close()
             spans = self._spans
             if spans is not None:
                 logger.debug(
