@@ -158,6 +158,10 @@ def front_end() -> str:
 
     version = library_version()
     if version is None:
+        from .fuse_compat import fuse
+
+        if fuse is None:
+            return "none: libfuse not found (install Debian's fuse3 package to mount)"
         return "libfuse high-level API through mfusepy (libfuse 3.12+ not found for the low-level API)"
     return f"libfuse {version} low-level API (ctypes; --fuse-api high for mfusepy)"
 

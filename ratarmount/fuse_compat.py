@@ -25,7 +25,7 @@ if not os.environ.get("FUSE_LIBRARY_PATH") and not os.environ.get("FUSE_LIBRARY_
 
 try:
     import mfusepy as fuse
-except ImportError as exc:  # pragma: no cover - reported by the CLI
+except (ImportError, OSError) as exc:  # reported by the CLI; OSError: mfusepy found no libfuse
     fuse = None  # type: ignore[assignment]
     IMPORT_ERROR: Optional[BaseException] = exc
 else:

@@ -170,11 +170,24 @@ def run_fuse(
         source.close()
 
 
+def check_binding(options: MountOptions) -> None:
+    """Fail before any index is built when no FUSE library can serve this mount."""
+    if _use_low_level(options):
+        return
+    from .fuse_compat import IMPORT_ERROR, fuse
+
+    if fuse is None:
+        raise RatarmountError(
+            f"cannot mount: libfuse not found ({IMPORT_ERROR}); install it (Debian: apt-get install fuse3)"
+        )
+
+
 def mount(options: MountOptions) -> int:
     check_mountpoint(options.mountpoint, options.fuse_options)
     for path in options.sources:
         if not os.path.exists(path):
             raise RatarmountError(f"{path}: no such file or directory")
+    check_binding(options)
     if options.foreground:
         run_fuse(options, None)
         return 0

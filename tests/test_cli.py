@@ -61,6 +61,23 @@ def test_version_lists_backends() -> None:
         assert name in result.stdout
 
 
+def test_without_libfuse_version_still_works_and_mount_fails_before_indexing(archive: Path, tmp_path: Path) -> None:
+    """A node without libfuse: --version says so (exit 0); a mount is refused with one line
+    before any index is built."""
+    env = {**os.environ, "FUSE_LIBRARY_PATH": str(tmp_path / "no-such-libfuse.so")}
+    result = run_ratarmount("--version", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "fuse front-end: none: libfuse not found" in result.stdout
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    result = run_ratarmount(str(archive), str(mountpoint), env=env)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "libfuse not found" in lines[0] and "fuse3" in lines[0]
+    assert leftovers(tmp_path) == [] and not os.path.ismount(mountpoint)
+
+
 @requires_fuse
 def test_mount_list_read_unmount(mounter: Mounter, archive: Path) -> None:
     mnt = mounter.mount(archive)
@@ -248,6 +265,7 @@ def _check_unreadable(public: Path, original: Path) -> None:
     for module in (
         "ratarmount.cli",
         "ratarmount.fuse_ops",
+        "ratarmount.lowlevel",
         "ratarmount.mount",
         "ratarmountcore.compression.registry",
         "ratarmountcore.sources.factory",
@@ -477,7 +495,10 @@ def test_files_are_read_without_open_and_release_round_trips(tmp_path: Path, arc
         if proc.poll() is None:
             proc.kill()
         lazy_unmount(mnt)
-    opcodes = [line.split("opcode: ")[1].split(" ")[0].rstrip(",") for line in log.read_text().splitlines()
-               if "opcode: " in line]
+    opcodes = [
+        line.split("opcode: ")[1].split(" ")[0].rstrip(",")
+        for line in log.read_text().splitlines()
+        if "opcode: " in line
+    ]
     assert opcodes.count("READ") >= len(FILES)
     assert opcodes.count("OPEN") == 1 and opcodes.count("RELEASE") == 0, sorted(set(opcodes))
