@@ -126,8 +126,13 @@ FORMATS: Dict[str, Format] = {
         Format("gz", "tar.gz", ".tar.gz", ".tar.gz", "`gzip -6 -n`"),
         Format("bz2", "tar.bz2", ".tar.bz2", ".tar.bz2", "`bzip2 -9`"),
         Format("xz", "tar.xz", ".tar.xz", ".tar.xz", "`xz -6 -T2` (threaded: independent blocks of 24 MiB)"),
-        Format("zst", "tar.zst multi-frame", ".mf.tar.zst", ".tar.zst",
-               "our `ratarmount-convert` from the .tar (4 MiB frames, level 3)"),
+        Format(
+            "zst",
+            "tar.zst multi-frame",
+            ".mf.tar.zst",
+            ".tar.zst",
+            "our `ratarmount-convert` from the .tar (4 MiB frames, level 3)",
+        ),
         Format("zst1", "tar.zst single frame", ".sf.tar.zst", ".tar.zst", "`zstd -3` (one frame)"),
     )
 }
@@ -152,8 +157,9 @@ def make_snapshot(rev: str = "HEAD") -> Dict[str, str]:
     benchmarks/work/snapshots/<commit>/src and write ``ratarmount`` / ``ratarmount-convert``
     wrappers that run it. Other sessions may commit while a long run goes on: a snapshot keeps
     "ours" one fixed commit for the whole run."""
-    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short=12", rev], capture_output=True, text=True,
-                            check=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", REPO, "rev-parse", "--short=12", rev], capture_output=True, text=True, check=True
+    ).stdout.strip()
     subject = bt.command_output(["git", "-C", REPO, "log", "-1", "--format=%h %s", commit])
     folder = os.path.join(WORK, "snapshots", commit)
     src = os.path.join(folder, "src")
@@ -347,8 +353,9 @@ def capped_loop(pid: Optional[int], total: int, cap: float, early: float, step: 
     return time.perf_counter() - start
 
 
-def random_reads(root: str, ds: SkewedDataset, indices: List[int], pid: Optional[int], cap: float,
-                 early: float) -> float:
+def random_reads(
+    root: str, ds: SkewedDataset, indices: List[int], pid: Optional[int], cap: float, early: float
+) -> float:
     data: List[bytes] = []
 
     def step(k: int) -> None:
@@ -363,8 +370,9 @@ def random_reads(root: str, ds: SkewedDataset, indices: List[int], pid: Optional
                 raise bt.InvalidResultError(f"read of {ds.paths[i]} returned wrong bytes ({len(got)} bytes)")
 
 
-def sequential_read(root: str, ds: SkewedDataset, crcs: Optional[List[int]], pid: Optional[int], cap: float,
-                    early: float) -> float:
+def sequential_read(
+    root: str, ds: SkewedDataset, crcs: Optional[List[int]], pid: Optional[int], cap: float, early: float
+) -> float:
     """Every file in archive order (open, read to the end into one reused buffer, close). With
     ``crcs`` each file's CRC-32 is computed on the fly and checked afterwards; without, only the
     byte counts are checked (the pure read rate)."""
@@ -401,15 +409,22 @@ def sequential_read(root: str, ds: SkewedDataset, crcs: Optional[List[int]], pid
 # One archive, one tool
 # --------------------------------------------------------------------------------------------
 def new_row(tool: str, fmt: Format, ds: bt.Dataset) -> Dict[str, Any]:
-    return {"tool": tool, "format": fmt.key, "files": ds.files, "valid": True, "complete": True, "partial": {},
-            "errors": [], "cpu_s": {}}
+    return {
+        "tool": tool,
+        "format": fmt.key,
+        "files": ds.files,
+        "valid": True,
+        "complete": True,
+        "partial": {},
+        "errors": [],
+        "cpu_s": {},
+    }
 
 
 def record_failure(row: Dict[str, Any], key: str, label: str, exc: BaseException) -> None:
     if isinstance(exc, CappedError):
         row["complete"] = False
-        row["partial"][key] = {"done": exc.done, "total": exc.total, "seconds": exc.seconds,
-                               "projected": exc.projected}
+        row["partial"][key] = {"done": exc.done, "total": exc.total, "seconds": exc.seconds, "projected": exc.projected}
         row["errors"].append(f"{label}: {exc} ({exc.done:,} of {exc.total:,} in {exc.seconds:.1f} s)")
     elif isinstance(exc, bt.MountTimeoutError):
         row["complete"] = False
@@ -534,8 +549,13 @@ def bench_case(name: str, ds: SkewedDataset, fmt: Format, crcs: List[int], args:
         indices = bt.random_sample(ds, args.random_reads)
         bt.wait_for_quiet(f"{label} random reads", quiet)
         bt.drop_caches(3)
-        timed_phase(row, "random_reads_s", "random reads", session,
-                    lambda: random_reads(tool.root, ds, indices, session.pid, args.cap, args.early_stop))
+        timed_phase(
+            row,
+            "random_reads_s",
+            "random reads",
+            session,
+            lambda: random_reads(tool.root, ds, indices, session.pid, args.cap, args.early_stop),
+        )
         log(f"  random reads {row.get('random_reads_s')}")
 
         # 4. Sequential read of every file (caches dropped, then the archive read once).
@@ -544,8 +564,13 @@ def bench_case(name: str, ds: SkewedDataset, fmt: Format, crcs: List[int], args:
         bt.drop_caches(3)
         bt.warm_file(tool.archive)
         bt.wait_for_quiet(f"{label} sequential read", quiet)
-        if timed_phase(row, "seq_s", "sequential read", session,
-                       lambda: sequential_read(tool.root, ds, crcs, session.pid, args.cap, args.early_stop)):
+        if timed_phase(
+            row,
+            "seq_s",
+            "sequential read",
+            session,
+            lambda: sequential_read(tool.root, ds, crcs, session.pid, args.cap, args.early_stop),
+        ):
             row["seq_mb_s"] = ds.total_bytes() / row["seq_s"] / 1e6
         log(f"  sequential read {row.get('seq_s')} s")
         session.note_peak()
@@ -589,8 +614,15 @@ def bench_large(ds: SkewedDataset, args: argparse.Namespace) -> Dict[str, Any]:
     info = ensure_compressed(ds, fmt)
     path = compressed_path(ds, fmt)
     tar_bytes = os.path.getsize(ds.tar_path)
-    out: Dict[str, Any] = {"files": ds.files, "file_size": ds.size_range[0], "archive": info, "data_bytes":
-                           ds.total_bytes(), "tar_bytes": tar_bytes, "cli": {}, "rows": []}
+    out: Dict[str, Any] = {
+        "files": ds.files,
+        "file_size": ds.size_range[0],
+        "archive": info,
+        "data_bytes": ds.total_bytes(),
+        "tar_bytes": tar_bytes,
+        "cli": {},
+        "rows": [],
+    }
     log(f"large tar.gz: {ds.files:,} files, {tar_bytes / 1e6:.0f} MB tar, {info['bytes'] / 1e6:.0f} MB gz")
     crcs = ds.crcs()
     rapidgzip = our_script("rapidgzip")
@@ -624,8 +656,7 @@ def bench_large(ds: SkewedDataset, args: argparse.Namespace) -> Dict[str, Any]:
             m = session.mount(measure_rss=True)
             row["first_mount_s"] = m.seconds
             row["cpu_s"]["first_mount"] = round(m.total_cpu_s(), 3)
-            row["first_mount_peak_rss_kib"] = max(bt.proc_status(m.pid)["VmHWM"] if m.pid else 0,
-                                                  m.command_maxrss_kib)
+            row["first_mount_peak_rss_kib"] = max(bt.proc_status(m.pid)["VmHWM"] if m.pid else 0, m.command_maxrss_kib)
             session.end()
             row["index_bytes"] = tool.index_size()
             bt.wait_for_quiet(f"{label} second mount", args.quiet_wait)
@@ -634,6 +665,7 @@ def bench_large(ds: SkewedDataset, args: argparse.Namespace) -> Dict[str, Any]:
             bt.drop_caches(3)
             bt.warm_file(tool.archive)
             bt.wait_for_quiet(f"{label} sequential read (checked)", args.quiet_wait)
+
             def read_all(checks: Optional[List[int]], tool: bt.Tool = tool, session: Session = session) -> float:
                 return sequential_read(tool.root, ds, checks, session.pid, args.cap, args.early_stop)
 
@@ -656,8 +688,10 @@ def bench_large(ds: SkewedDataset, args: argparse.Namespace) -> Dict[str, Any]:
                 row["seq_mb_s"] = ds.total_bytes() / row["seq_s"] / 1e6
                 row["seq_tar_mb_s"] = tar_bytes / row["seq_s"] / 1e6
                 row["fraction_of_rapidgzip"] = ref["s"] / row["seq_s"]
-            log(f"  {name}: first mount {row.get('first_mount_s')}, sequential {row.get('seq_all_s')} s "
-                f"(checked pass {row.get('seq_checked_s')})")
+            log(
+                f"  {name}: first mount {row.get('first_mount_s')}, sequential {row.get('seq_all_s')} s "
+                f"(checked pass {row.get('seq_checked_s')})"
+            )
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
             row["complete"] = False
             row["errors"].append(str(exc))
@@ -735,31 +769,75 @@ def evaluate_targets(results: Dict[str, Any]) -> List[Dict[str, Any]]:
         ratio = a / b if a is not None and b else None
         # A capped peer figure is a lower bound: the ratio is then an upper bound, still fine to
         # claim "met" with; a capped figure of ours cannot meet a target.
-        met = (ratio is not None and ratio <= limit and not a_bound and bool(ours and ours["valid"])
-               and bool(peer and peer["valid"]))
-        out.append({"figure": figure, "format": fmt, "files": files, "key": key, "ours": a, "peer": b,
-                    "ratio": ratio, "ratio_is_upper_bound": b_bound and not a_bound, "target": target, "met": met})
+        met = (
+            ratio is not None
+            and ratio <= limit
+            and not a_bound
+            and bool(ours and ours["valid"])
+            and bool(peer and peer["valid"])
+        )
+        out.append(
+            {
+                "figure": figure,
+                "format": fmt,
+                "files": files,
+                "key": key,
+                "ours": a,
+                "peer": b,
+                "ratio": ratio,
+                "ratio_is_upper_bound": b_bound and not a_bound,
+                "target": target,
+                "met": met,
+            }
+        )
 
     for files in sizes:
         if "gz" in formats:
-            compare(f"random reads, tar.gz, {files:,} files", "random_reads_s", "gz", files, RANDOM_GZ_TARGET,
-                    "<= 0.2x peer (5x faster)")
+            compare(
+                f"random reads, tar.gz, {files:,} files",
+                "random_reads_s",
+                "gz",
+                files,
+                RANDOM_GZ_TARGET,
+                "<= 0.2x peer (5x faster)",
+            )
     for fmt in formats:
         for files in sizes:
-            compare(f"first mount, {FORMATS[fmt].label}, {files:,} files", "first_mount_s", fmt, files,
-                    FIRST_MOUNT_TARGET, "<= 0.5x peer (2x faster)")
+            compare(
+                f"first mount, {FORMATS[fmt].label}, {files:,} files",
+                "first_mount_s",
+                fmt,
+                files,
+                FIRST_MOUNT_TARGET,
+                "<= 0.5x peer (2x faster)",
+            )
     for fmt in formats:
         for files in sizes:
-            compare(f"peak RSS, {FORMATS[fmt].label}, {files:,} files", "peak_rss_kib", fmt, files, RSS_TARGET,
-                    "<= 0.5x peer")
+            compare(
+                f"peak RSS, {FORMATS[fmt].label}, {files:,} files",
+                "peak_rss_kib",
+                fmt,
+                files,
+                RSS_TARGET,
+                "<= 0.5x peer",
+            )
     large = results.get("large")
     if large:
         ours = next((r for r in large["rows"] if r["tool"] == "ours"), None)
         frac = ours.get("fraction_of_rapidgzip") if ours else None
-        out.append({"figure": "sequential read of the large tar.gz / rapidgzip -d -P 2", "format": "gz",
-                    "files": large["files"], "key": "fraction", "ours": frac, "peer": None, "ratio": frac,
-                    "target": ">= 0.70", "met": frac is not None and frac >= SEQ_FRACTION_TARGET
-                    and bool(ours and ours["valid"])})
+        out.append(
+            {
+                "figure": "sequential read of the large tar.gz / rapidgzip -d -P 2",
+                "format": "gz",
+                "files": large["files"],
+                "key": "fraction",
+                "ours": frac,
+                "peer": None,
+                "ratio": frac,
+                "target": ">= 0.70",
+                "met": frac is not None and frac >= SEQ_FRACTION_TARGET and bool(ours and ours["valid"]),
+            }
+        )
     return out
 
 
@@ -818,8 +896,10 @@ COLUMNS = [
 
 
 def results_table(results: Dict[str, Any]) -> List[str]:
-    out = ["| archive | tool | " + " | ".join(label for _, label in COLUMNS) + " | checks |",
-           "|---|---|" + "---:|" * len(COLUMNS) + "---|"]
+    out = [
+        "| archive | tool | " + " | ".join(label for _, label in COLUMNS) + " | checks |",
+        "|---|---|" + "---:|" * len(COLUMNS) + "---|",
+    ]
     archives = results.get("archives", {})
     for files in results["config"]["sizes"]:
         for fmt in results["config"]["formats"]:
@@ -829,21 +909,25 @@ def results_table(results: Dict[str, Any]) -> List[str]:
                 extra.append(plural(info["blocks"], "block"))
             if info.get("frames"):
                 extra.append(plural(info["frames"], "frame"))
-            name = (f"{FORMATS[fmt].label}, {files:,} files, {info.get('bytes', 0) / 1e6:.0f} MB"
-                    + (f" ({', '.join(extra)})" if extra else ""))
+            name = f"{FORMATS[fmt].label}, {files:,} files, {info.get('bytes', 0) / 1e6:.0f} MB" + (
+                f" ({', '.join(extra)})" if extra else ""
+            )
             for tool in results["config"]["tools"]:
                 row = find_row(results, tool, fmt, files)
                 if row is None:
                     continue
-                out.append(f"| {name} | {tool} | " + " | ".join(cell(row, k) for k, _ in COLUMNS)
-                           + f" | {status(row)} |")
+                out.append(
+                    f"| {name} | {tool} | " + " | ".join(cell(row, k) for k, _ in COLUMNS) + f" | {status(row)} |"
+                )
                 name = ""
     return out
 
 
 def ratio_table(results: Dict[str, Any]) -> List[str]:
-    out = ["| archive | first mount | second mount | random reads | sequential read (time) | peak RSS |",
-           "|---|---:|---:|---:|---:|---:|"]
+    out = [
+        "| archive | first mount | second mount | random reads | sequential read (time) | peak RSS |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for files in results["config"]["sizes"]:
         for fmt in results["config"]["formats"]:
             ours, peer = find_row(results, "ours", fmt, files), find_row(results, "peer", fmt, files)
@@ -866,72 +950,96 @@ def markdown_section(results: Dict[str, Any], notes: Optional[str]) -> str:
     m = results["machine"]
     c = results["config"]
     o: List[str] = [f"<!-- section:{SECTION}:start -->", f"## {SECTION_TITLE}", ""]
-    o.append("Generated by `benchmarks/bench_compressed.py` (how to run it: `benchmarks/README.md`, "
-             "\"Compressed archives\"). Raw figures: `benchmarks/results/compressed.json`. Ours against the "
-             "PyPI `ratarmount` release (the peer, in its own venv) and archivemount, all in the same run.")
+    o.append(
+        "Generated by `benchmarks/bench_compressed.py` (how to run it: `benchmarks/README.md`, "
+        '"Compressed archives"). Raw figures: `benchmarks/results/compressed.json`. Ours against the '
+        "PyPI `ratarmount` release (the peer, in its own venv) and archivemount, all in the same run."
+    )
     o.append("")
     o.append("### Machine and backends\n")
     source = results.get("ours_source") or "commit " + m.get("commit", "")
     o.append(f"- {m.get('date')}; ours measured from the {source}")
-    o.append(f"- {m.get('nproc')} cores ({m.get('cpu')}), {m.get('memory')}, kernel {m.get('kernel')}, "
-             f"{m.get('os')}, {m.get('libfuse')}, Python {m.get('python')}")
-    o.append(f"- load average at start / end: {' '.join(results.get('loadavg_start', []))} / "
-             f"{' '.join(results.get('loadavg_end', []))}; "
-             + quiet_summary(results) + f" Niceness {results.get('niceness')}; byte code cached as after a pip "
-             "install (as in the section above).")
+    o.append(
+        f"- {m.get('nproc')} cores ({m.get('cpu')}), {m.get('memory')}, kernel {m.get('kernel')}, "
+        f"{m.get('os')}, {m.get('libfuse')}, Python {m.get('python')}"
+    )
+    o.append(
+        f"- load average at start / end: {' '.join(results.get('loadavg_start', []))} / "
+        f"{' '.join(results.get('loadavg_end', []))}; "
+        + quiet_summary(results)
+        + f" Niceness {results.get('niceness')}; byte code cached as after a pip "
+        "install (as in the section above)."
+    )
     o.append("")
     for name in ("ours", "peer"):
         version = (results.get("versions") or {}).get(name, "")
-        o.append(f"`{'ratarmount' if name == 'ours' else 'benchmarks/work/peer-venv/bin/ratarmount'} --version` "
-                 f"({name}):\n\n```\n{version}\n```\n")
+        o.append(
+            f"`{'ratarmount' if name == 'ours' else 'benchmarks/work/peer-venv/bin/ratarmount'} --version` "
+            f"({name}):\n\n```\n{version}\n```\n"
+        )
     o.append(f"- **archivemount**: {(results.get('versions') or {}).get('archivemount', '')}")
     o.append(f"- **rapidgzip CLI**: {(results.get('versions') or {}).get('rapidgzip_cli', '')}")
-    o.append("- Parallelism: each tool with its default: ours `-P 0` (all cores, 2) for every format; the "
-             "peer's default is `:1,rapidgzip-bzip2:0` (one thread for gzip and the others, all cores for "
-             "bzip2). For the large tar.gz the peer was also run with `-P 2`.")
+    o.append(
+        "- Parallelism: each tool with its default: ours `-P 0` (all cores, 2) for every format; the "
+        "peer's default is `:1,rapidgzip-bzip2:0` (one thread for gzip and the others, all cores for "
+        "bzip2). For the large tar.gz the peer was also run with `-P 2`."
+    )
     o.append("")
     o.append("### Archives\n")
-    o.append(f"- {' and '.join(f'{n:,}' for n in c['sizes'])} files of {c['size_range'][0]}–{c['size_range'][1]} "
-             f"bytes in folders of {c['files_per_folder']} (ImageNet-like names `n01440764/n01440764_10000.JPEG`; "
-             f"the same names and sizes as the uncompressed benchmark for the same seed, {c['seed']}). Content: "
-             "the path, then deterministic pseudo-random bytes, unique per file, drawn from 62 symbols with a "
-             "skewed distribution (5.4 bits/byte): entropy coders shrink it to ~70%, LZ matching finds "
-             "nothing (like JPEG data, so every decompressor does real work; purely random bytes would make "
-             "gzip store them).")
+    o.append(
+        f"- {' and '.join(f'{n:,}' for n in c['sizes'])} files of {c['size_range'][0]}–{c['size_range'][1]} "
+        f"bytes in folders of {c['files_per_folder']} (ImageNet-like names `n01440764/n01440764_10000.JPEG`; "
+        f"the same names and sizes as the uncompressed benchmark for the same seed, {c['seed']}). Content: "
+        "the path, then deterministic pseudo-random bytes, unique per file, drawn from 62 symbols with a "
+        "skewed distribution (5.4 bits/byte): entropy coders shrink it to ~70%, LZ matching finds "
+        "nothing (like JPEG data, so every decompressor does real work; purely random bytes would make "
+        "gzip store them)."
+    )
     o.append("- Compression: " + "; ".join(f"**{FORMATS[k].label}**: {FORMATS[k].how}" for k in c["formats"]) + ".")
     for files in c["sizes"]:
         parts = []
         for fmt in c["formats"]:
             info = results["archives"].get(f"{fmt}-{files}", {})
             if info:
-                parts.append(f"{FORMATS[fmt].label} {info['bytes'] / 1e6:.0f} MB"
-                             + (f" ({plural(info['blocks'], 'xz block')})" if info.get("blocks") else "")
-                             + (f" ({plural(info['frames'], 'frame')})" if info.get("frames") else ""))
-        tar_bytes = next(iter(results["archives"].get(f"{f}-{files}", {}).get("tar_bytes") for f in c["formats"]),
-                         None)
+                parts.append(
+                    f"{FORMATS[fmt].label} {info['bytes'] / 1e6:.0f} MB"
+                    + (f" ({plural(info['blocks'], 'xz block')})" if info.get("blocks") else "")
+                    + (f" ({plural(info['frames'], 'frame')})" if info.get("frames") else "")
+                )
+        tar_bytes = next(iter(results["archives"].get(f"{f}-{files}", {}).get("tar_bytes") for f in c["formats"]), None)
         o.append(f"- {files:,} files: tar {tar_bytes / 1e6 if tar_bytes else 0:.0f} MB; " + ", ".join(parts) + ".")
     o.append("")
     o.append("### How each figure is taken\n")
-    o.append(f"- **first mount**: no index anywhere, the archive read once beforehand (in the page cache for "
-             f"every tool alike); time until the mount command returned and the mount point is mounted. For ours "
-             f"and the peer this includes decompressing the whole archive and writing the index; archivemount "
-             f"reads the whole archive on every mount. **second mount**: index present, warm caches, median of "
-             f"{c['mount_repeats']} (archivemount: one).")
-    o.append(f"- **random reads**: `echo 3 > /proc/sys/vm/drop_caches`, then open + read + close of "
-             f"{c['random_reads']:,} random files (seed {c['seed'] + 1}) on the mount of the last second mount; "
-             "every byte compared with the expected content.")
-    o.append("- **sequential read**: the same mount; caches dropped, then the archive read once (decompression, "
-             "not the disk, is measured), then every file in archive order: open, read to the end, close, "
-             "CRC-32 of each file computed on the fly and checked. MB/s = file data / time.")
-    o.append("- **peak RSS**: the largest of: the mount command's `ru_maxrss` and the daemon's `VmHWM` after the "
-             "first mount (an index built before daemonizing counts), and the daemon's `VmHWM` at the end of "
-             "the reading session (sampled every 0.2 s as well).")
-    o.append(f"- **caps**: a step stops when it passes {c['cap']:.0f} s, or after {c['early_stop']:.0f} s when "
-             f"its rate projects beyond {c.get('early_stop_factor', 1.5) * c['cap']:.0f} s (reads of archivemount "
-             f"get slower the further "
-             f"into the archive the file lies, so a projection from the first files is a lower bound). Shown "
-             f"as `> {c['cap']:.0f} s (files done in the time taken, projected total)`; every byte read "
-             "until then was checked.")
+    o.append(
+        f"- **first mount**: no index anywhere, the archive read once beforehand (in the page cache for "
+        f"every tool alike); time until the mount command returned and the mount point is mounted. For ours "
+        f"and the peer this includes decompressing the whole archive and writing the index; archivemount "
+        f"reads the whole archive on every mount. **second mount**: index present, warm caches, median of "
+        f"{c['mount_repeats']} (archivemount: one)."
+    )
+    o.append(
+        f"- **random reads**: `echo 3 > /proc/sys/vm/drop_caches`, then open + read + close of "
+        f"{c['random_reads']:,} random files (seed {c['seed'] + 1}) on the mount of the last second mount; "
+        "every byte compared with the expected content."
+    )
+    o.append(
+        "- **sequential read**: the same mount; caches dropped, then the archive read once (decompression, "
+        "not the disk, is measured), then every file in archive order: open, read to the end, close, "
+        "CRC-32 of each file computed on the fly and checked. MB/s = file data / time."
+    )
+    o.append(
+        "- **peak RSS**: the largest of: the mount command's `ru_maxrss` and the daemon's `VmHWM` after the "
+        "first mount (an index built before daemonizing counts), and the daemon's `VmHWM` at the end of "
+        "the reading session (sampled every 0.2 s as well)."
+    )
+    o.append(
+        f"- **caps**: a step stops when it passes {c['cap']:.0f} s, or after {c['early_stop']:.0f} s when "
+        f"its rate projects beyond {c.get('early_stop_factor', 1.5) * c['cap']:.0f} s (reads of archivemount "
+        f"get slower the further "
+        f"into the archive the file lies, so a projection from the first files is a lower bound). Shown "
+        f"as `> {c['cap']:.0f} s (files done in the time taken, projected total)`; every byte read "
+        "until then was checked."
+    )
     o.append("")
     o.append("### Results\n")
     o.extend(results_table(results))
@@ -943,28 +1051,36 @@ def markdown_section(results: Dict[str, Any], notes: Optional[str]) -> str:
     if large:
         o.append("### Large tar.gz: sequential read through the mount against `rapidgzip -d -P 2`\n")
         a = large["archive"]
-        o.append(f"{large['files']:,} files of {large['file_size'] // 1024} KiB (same content generator), tar "
-                 f"{large['tar_bytes'] / 1e6:.0f} MB, `gzip -6 -n` {a['bytes'] / 1e6:.0f} MB. The .tar.gz is "
-                 "in the page cache for every command. Through the mount: every file read in archive order "
-                 "(open, read to the end into one buffer, close); the first pass also computes and checks "
-                 "each file's CRC-32, the others (median) only count the bytes, like `> /dev/null`. "
-                 "MB/s of the tar stream, so that mount and CLI compare like for like.\n")
+        o.append(
+            f"{large['files']:,} files of {large['file_size'] // 1024} KiB (same content generator), tar "
+            f"{large['tar_bytes'] / 1e6:.0f} MB, `gzip -6 -n` {a['bytes'] / 1e6:.0f} MB. The .tar.gz is "
+            "in the page cache for every command. Through the mount: every file read in archive order "
+            "(open, read to the end into one buffer, close); the first pass also computes and checks "
+            "each file's CRC-32, the others (median) only count the bytes, like `> /dev/null`. "
+            "MB/s of the tar stream, so that mount and CLI compare like for like.\n"
+        )
         o.append("| command / tool | time (s) | MB/s (tar stream) | all runs (s) | notes |")
         o.append("|---|---:|---:|---|---|")
         for name, res in large["cli"].items():
             note = f"output {int(res['stdout']):,} bytes" if res.get("stdout", "").isdigit() else ""
-            o.append(f"| `{name.replace('|', chr(92) + '|')}` | {fmt_s(res['s'])} | {res['mb_s']:.0f} | "
-                     f"{', '.join(fmt_s(t) for t in res['all_s'])} | {note} |")
+            o.append(
+                f"| `{name.replace('|', chr(92) + '|')}` | {fmt_s(res['s'])} | {res['mb_s']:.0f} | "
+                f"{', '.join(fmt_s(t) for t in res['all_s'])} | {note} |"
+            )
         for r in large["rows"]:
             runs = ", ".join(fmt_s(t) for t in r.get("seq_all_s", []))
             frac = r.get("fraction_of_rapidgzip")
             checked = r.get("seq_checked_s")
-            note = (f"first mount {fmt_s(r.get('first_mount_s'))} s, second {fmt_s(r.get('second_mount_s'))} s; "
-                    f"pass with CRC-32 {fmt_s(checked)} s; peak RSS {fmt_mib(r.get('peak_rss_kib'))}; "
-                    f"{status(r)}")
-            o.append(f"| {r['tool']} through the mount | {cell(r, 'seq_s')} | "
-                     f"{r['seq_tar_mb_s']:.0f} | {runs} | {note} |" if r.get("seq_tar_mb_s") else
-                     f"| {r['tool']} through the mount | {cell(r, 'seq_s')} | – | {runs} | {note} |")
+            note = (
+                f"first mount {fmt_s(r.get('first_mount_s'))} s, second {fmt_s(r.get('second_mount_s'))} s; "
+                f"pass with CRC-32 {fmt_s(checked)} s; peak RSS {fmt_mib(r.get('peak_rss_kib'))}; "
+                f"{status(r)}"
+            )
+            o.append(
+                f"| {r['tool']} through the mount | {cell(r, 'seq_s')} | {r['seq_tar_mb_s']:.0f} | {runs} | {note} |"
+                if r.get("seq_tar_mb_s")
+                else f"| {r['tool']} through the mount | {cell(r, 'seq_s')} | – | {runs} | {note} |"
+            )
             if frac is not None:
                 o.append(f"| ↳ {r['tool']} / rapidgzip | | **{frac:.0%}** | | |")
         o.append("")
@@ -975,11 +1091,14 @@ def markdown_section(results: Dict[str, Any], notes: Optional[str]) -> str:
         o.append("|---|---:|---:|---:|---|---|")
         for t in targets:
             unit = fmt_mib if t["key"].endswith("_kib") else fmt_s
-            ratio = "–" if t["ratio"] is None else (("<= " if t.get("ratio_is_upper_bound") else "")
-                                                    + f"{t['ratio']:.2f}")
+            ratio = (
+                "–" if t["ratio"] is None else (("<= " if t.get("ratio_is_upper_bound") else "") + f"{t['ratio']:.2f}")
+            )
             ours = f"{t['ours']:.0%}" if t["key"] == "fraction" and t["ours"] is not None else unit(t["ours"])
-            o.append(f"| {t['figure']} | {ours} | {unit(t['peer']) if t['peer'] is not None else '–'} | {ratio} | "
-                     f"{t['target']} | {'**met**' if t['met'] else '**NOT met**'} |")
+            o.append(
+                f"| {t['figure']} | {ours} | {unit(t['peer']) if t['peer'] is not None else '–'} | {ratio} | "
+                f"{t['target']} | {'**met**' if t['met'] else '**NOT met**'} |"
+            )
         o.append("")
         o.append(target_summary(targets))
         o.append("")
@@ -995,8 +1114,10 @@ def markdown_section(results: Dict[str, Any], notes: Optional[str]) -> str:
     build_s = sum(a.get("build_s", 0) for a in results.get("archives", {}).values())
     if large:
         build_s += large["archive"].get("build_s", 0)
-    o.append(f"Total run time: {results.get('elapsed_s', 0) / 60:.1f} min, not counting the archives, which are "
-             f"built once and reused (building them took {build_s / 60:.1f} min, plus the .tar files).")
+    o.append(
+        f"Total run time: {results.get('elapsed_s', 0) / 60:.1f} min, not counting the archives, which are "
+        f"built once and reused (building them took {build_s / 60:.1f} min, plus the .tar files)."
+    )
     o.append("")
     if notes:
         o.append(notes.strip())
@@ -1012,11 +1133,17 @@ def plural(count: int, word: str) -> str:
 def quiet_summary(results: Dict[str, Any]) -> str:
     quiet = results.get("quiet_log") or []
     noisy = [q for q in quiet if q["busy"] > 0.25]
-    text = (f"other sessions share this machine: {len(quiet) - len(noisy)} of {len(quiet)} measurements started "
-            "on idle CPUs (busy < 25%)")
+    text = (
+        f"other sessions share this machine: {len(quiet) - len(noisy)} of {len(quiet)} measurements started "
+        "on idle CPUs (busy < 25%)"
+    )
     if noisy:
-        text += ", the others with other work running (" + "; ".join(
-            f"{q['before']} {q['busy']:.0%}" for q in noisy[:10]) + ("; …" if len(noisy) > 10 else "") + ")"
+        text += (
+            ", the others with other work running ("
+            + "; ".join(f"{q['before']} {q['busy']:.0%}" for q in noisy[:10])
+            + ("; …" if len(noisy) > 10 else "")
+            + ")"
+        )
     return text + "."
 
 
@@ -1058,8 +1185,10 @@ def print_summary(results: Dict[str, Any]) -> None:
         for name, res in large["cli"].items():
             print(f"  {name:<36} {res['s']:7.2f} s  {res['mb_s']:6.0f} MB/s")
         for r in large["rows"]:
-            print(f"  {r['tool']:<36} {cell(r, 'seq_s'):>7} s  {r.get('seq_tar_mb_s') or 0:6.0f} MB/s  "
-                  f"fraction {r.get('fraction_of_rapidgzip') or 0:.2f}  checked pass {cell(r, 'seq_checked_s')} s")
+            print(
+                f"  {r['tool']:<36} {cell(r, 'seq_s'):>7} s  {r.get('seq_tar_mb_s') or 0:6.0f} MB/s  "
+                f"fraction {r.get('fraction_of_rapidgzip') or 0:.2f}  checked pass {cell(r, 'seq_checked_s')} s"
+            )
     print()
     for t in results.get("targets") or []:
         ratio = "–" if t["ratio"] is None else f"{t['ratio']:.2f}"
@@ -1078,8 +1207,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--mount-repeats", type=int, default=3, help="second mounts to take the median of (default 3)")
     p.add_argument("--seed", type=int, default=20240601)
     p.add_argument("--cap", type=float, default=120, help="seconds after which a step is given up (default 120)")
-    p.add_argument("--early-stop", type=float, default=15,
-                   help="after this many seconds a step stops when its rate projects beyond 1.2x the cap")
+    p.add_argument(
+        "--early-stop",
+        type=float,
+        default=15,
+        help="after this many seconds a step stops when its rate projects beyond 1.2x the cap",
+    )
     p.add_argument("--large-files", type=int, default=2000, help="files in the large tar.gz (0: skip it)")
     p.add_argument("--large-file-size", type=bt.parse_size_range, default=(512 * 1024, 512 * 1024))
     p.add_argument("--large-tools", default="ours,peer,peer -P 2")
@@ -1095,9 +1228,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--notes", metavar="FILE", help="Markdown appended to the section (analysis)")
     p.add_argument("--report-only", metavar="JSON", help="only render the section from an existing JSON")
     p.add_argument("--ours-cmd", help="our ratarmount executable (default: the one beside this python)")
-    p.add_argument("--snapshot", nargs="?", const="HEAD", metavar="REV",
-                   help="measure ours from a `git archive` export of REV (default HEAD) instead of the working "
-                        "tree, so that commits made by others during the run do not change what is measured")
+    p.add_argument(
+        "--snapshot",
+        nargs="?",
+        const="HEAD",
+        metavar="REV",
+        help="measure ours from a `git archive` export of REV (default HEAD) instead of the working "
+        "tree, so that commits made by others during the run do not change what is measured",
+    )
     args = p.parse_args(argv)
     args.sizes = [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]
     args.formats = [f.strip() for f in args.formats.split(",") if f.strip()]
@@ -1156,8 +1294,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         datasets.append(ds)
     large = None
     if args.large_files:
-        large = SkewedDataset(args.large_files, max(1, args.large_files // 100), args.large_file_size, args.seed,
-                              f"skewed-large-{args.large_files}")
+        large = SkewedDataset(
+            args.large_files,
+            max(1, args.large_files // 100),
+            args.large_file_size,
+            args.seed,
+            f"skewed-large-{args.large_files}",
+        )
         large.ensure_tar()
         ensure_compressed(large, FORMATS["gz"])
     prep_s = time.perf_counter() - prep_start
@@ -1168,14 +1311,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     start = time.perf_counter()
     results: Dict[str, Any] = {
         "machine": bt.machine_info(),
-        "config": {"sizes": args.sizes, "formats": args.formats, "tools": args.tools, "seed": args.seed,
-                   "size_range": list(args.file_size), "files_per_folder": args.files_per_folder,
-                   "random_reads": args.random_reads, "mount_repeats": args.mount_repeats, "cap": args.cap,
-                   "early_stop": args.early_stop, "early_stop_factor": EARLY_STOP_FACTOR},
+        "config": {
+            "sizes": args.sizes,
+            "formats": args.formats,
+            "tools": args.tools,
+            "seed": args.seed,
+            "size_range": list(args.file_size),
+            "files_per_folder": args.files_per_folder,
+            "random_reads": args.random_reads,
+            "mount_repeats": args.mount_repeats,
+            "cap": args.cap,
+            "early_stop": args.early_stop,
+            "early_stop_factor": EARLY_STOP_FACTOR,
+        },
         "archives": archives,
-        "ours_source": (f"snapshot of commit {snapshot['description']} (git archive, run from "
-                        f"{os.path.relpath(snapshot['src'], REPO)})" if snapshot else
-                        f"working tree: {bt.git_description()}"),
+        "ours_source": (
+            f"snapshot of commit {snapshot['description']} (git archive, run from "
+            f"{os.path.relpath(snapshot['src'], REPO)})"
+            if snapshot
+            else f"working tree: {bt.git_description()}"
+        ),
         "prep_s": prep_s,
         "rows": [],
     }

@@ -294,8 +294,10 @@ def fuse_daemon_pid(mountpoint: str) -> Optional[int]:
             cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
             cwd = "/"
-        if not any(os.path.normpath(os.path.join(cwd, a)) in (os.path.normpath(os.path.abspath(mountpoint)), target)
-                   for a in args):
+        if not any(
+            os.path.normpath(os.path.join(cwd, a)) in (os.path.normpath(os.path.abspath(mountpoint)), target)
+            for a in args
+        ):
             continue
         holds_fuse = False
         try:
@@ -523,17 +525,25 @@ class Tool:
             command = [sys.executable, "-S", "-E", "-c", LAUNCHER, maxrss_file, *command]
         with tempfile.TemporaryFile() as err:
             start = time.perf_counter()
-            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=tool_env(),
-                                    start_new_session=kill_after is not None)
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=err,
+                stderr=err,
+                env=tool_env(),
+                start_new_session=kill_after is not None,
+            )
             killer: Optional[threading.Timer] = None
             killed: List[bool] = []
             if kill_after is not None:
+
                 def kill() -> None:
                     killed.append(True)
                     try:
                         os.killpg(proc.pid, signal.SIGKILL)
                     except OSError:
                         pass
+
                 killer = threading.Timer(kill_after, kill)
                 killer.daemon = True
                 killer.start()
@@ -613,8 +623,20 @@ class Peer(Tool):
 
     def version(self) -> str:
         text = command_output([self.executable(), "--version"])
-        wanted = ("ratarmount ", "ratarmountcore ", "mfusepy ", "indexed_gzip ", "rapidgzip ", "indexed_zstd ",
-                  "python-xz ", "libarchive-c ", "cpython ", "libsqlite3 ", "libfuse ", "fusermount ")
+        wanted = (
+            "ratarmount ",
+            "ratarmountcore ",
+            "mfusepy ",
+            "indexed_gzip ",
+            "rapidgzip ",
+            "indexed_zstd ",
+            "python-xz ",
+            "libarchive-c ",
+            "cpython ",
+            "libsqlite3 ",
+            "libfuse ",
+            "fusermount ",
+        )
         keep: Dict[str, str] = {}
         for line in text.splitlines():
             line = line.strip()
@@ -675,9 +697,20 @@ class SquashFuse(Tool):
         if not self.ds._is_current(self.image):
             start = time.perf_counter()
             subprocess.run(
-                ["mksquashfs", self.ds.dir_path, self.image, "-noappend", "-quiet", "-no-progress", "-noI",
-                 "-noD", "-noF", "-noX"],
-                check=True, stdout=subprocess.DEVNULL,
+                [
+                    "mksquashfs",
+                    self.ds.dir_path,
+                    self.image,
+                    "-noappend",
+                    "-quiet",
+                    "-no-progress",
+                    "-noI",
+                    "-noD",
+                    "-noF",
+                    "-noX",
+                ],
+                check=True,
+                stdout=subprocess.DEVNULL,
             )
             self.ds._mark_current(self.image)
             self.prep_seconds = time.perf_counter() - start
@@ -723,8 +756,9 @@ class PhaseTimeoutError(Exception):
 def measure_find(root: str, expected: int, timeout: float) -> float:
     start = time.perf_counter()
     try:
-        result = subprocess.run(["bash", "-c", f"find {shlex.quote(root)} -type f | wc -l"],
-                                capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(
+            ["bash", "-c", f"find {shlex.quote(root)} -type f | wc -l"], capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         raise PhaseTimeoutError(None, expected, time.perf_counter() - start) from None
     seconds = time.perf_counter() - start
@@ -885,8 +919,10 @@ def bench_tool(tool: Tool, ds: Dataset, args: argparse.Namespace) -> ToolResult:
         wait_for_quiet(f"{name} random reads", quiet)
         drop_caches(3)
         run_phase(result, "random_reads_s", "random reads", None, measure_reads, tool.root, ds, indices, timeout)
-        log(f"  find {result.find_s}, stat {result.stat_after_find_s} / {result.stat_no_find_s}, "
-            f"reads {result.random_reads_s}")
+        log(
+            f"  find {result.find_s}, stat {result.stat_after_find_s} / {result.stat_no_find_s}, "
+            f"reads {result.random_reads_s}"
+        )
         return result
 
     limit = int(args.rss_limit_mib * 1024)
@@ -1018,8 +1054,14 @@ def bench_scaling(args: argparse.Namespace) -> Dict[str, Any]:
         tar_s = ds.ensure_tar()
         for name in args.scaling_tools:
             tool = TOOL_CLASSES[name](ds, args)
-            row: Dict[str, Any] = {"tool": name, "files": n, "tar_bytes": os.path.getsize(ds.tar_path),
-                                   "tar_build_s": tar_s, "valid": True, "errors": []}
+            row: Dict[str, Any] = {
+                "tool": name,
+                "files": n,
+                "tar_bytes": os.path.getsize(ds.tar_path),
+                "tar_build_s": tar_s,
+                "valid": True,
+                "errors": [],
+            }
             why = tool.available()
             if why or not tool.mounts:
                 continue
@@ -1032,8 +1074,9 @@ def bench_scaling(args: argparse.Namespace) -> Dict[str, Any]:
                 m = tool.mount(args.mount_timeout, measure_rss=True)
                 row["first_mount_s"] = m.seconds
                 row["first_mount_cpu_s"] = m.total_cpu_s()
-                row["first_mount_peak_rss_kib"] = max(proc_status(m.pid)["VmHWM"], m.command_maxrss_kib) if m.pid \
-                    else m.command_maxrss_kib
+                row["first_mount_peak_rss_kib"] = (
+                    max(proc_status(m.pid)["VmHWM"], m.command_maxrss_kib) if m.pid else m.command_maxrss_kib
+                )
                 unmount(tool.mountpoint, m.pid)
                 row["index_bytes"] = tool.index_size()
                 times = []
@@ -1113,8 +1156,12 @@ def git_description() -> str:
     """HEAD of this checkout, plus "(with local changes to ...)" outside benchmarks/."""
     head = command_output(["git", "-C", REPO, "log", "-1", "--format=%h %s"])
     try:
-        status = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, timeout=60).stdout
+        status = subprocess.run(
+            ["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         status = ""
     changed = [
@@ -1217,14 +1264,32 @@ def evaluate_targets(results: Dict[str, Any]) -> List[Dict[str, Any]]:
             ca = (ours.get("cpu_s") or {}).get(key.removesuffix("_s"))
             cb = (peer.get("cpu_s") or {}).get(key.removesuffix("_s"))
             cpu_ratio = (ca / cb) if (ca is not None and cb) else None
-            out.append({"figure": label, "ours": a, "peer": b, "ratio": ratio, "target": f"<= {limit}x peer",
-                        "met": met, "key": key, "lower_bound": lower_bound, "cpu_ratio": cpu_ratio})
+            out.append(
+                {
+                    "figure": label,
+                    "ours": a,
+                    "peer": b,
+                    "ratio": ratio,
+                    "target": f"<= {limit}x peer",
+                    "met": met,
+                    "key": key,
+                    "lower_bound": lower_bound,
+                    "cpu_ratio": cpu_ratio,
+                }
+            )
     if ours:
         value = ours.get("second_mount_s")
-        out.append({"figure": f"second mount at {results['config']['files']:,} members", "ours": value,
-                    "peer": tools.get("peer", {}).get("second_mount_s"), "ratio": None,
-                    "target": f"< {SECOND_MOUNT_TARGET_S} s", "key": "second_mount_s",
-                    "met": value is not None and value < SECOND_MOUNT_TARGET_S})
+        out.append(
+            {
+                "figure": f"second mount at {results['config']['files']:,} members",
+                "ours": value,
+                "peer": tools.get("peer", {}).get("second_mount_s"),
+                "ratio": None,
+                "target": f"< {SECOND_MOUNT_TARGET_S} s",
+                "key": "second_mount_s",
+                "met": value is not None and value < SECOND_MOUNT_TARGET_S,
+            }
+        )
     scaling = results.get("scaling")
     if scaling:
         rows = [r for r in scaling["rows"] if r["tool"] == "ours" and r.get("second_mount_s") is not None]
@@ -1232,13 +1297,17 @@ def evaluate_targets(results: Dict[str, Any]) -> List[Dict[str, Any]]:
             rows.sort(key=lambda r: r["files"])
             worst = max(r["second_mount_s"] for r in rows)
             flat = rows[-1]["second_mount_s"] / rows[0]["second_mount_s"]
-            out.append({"figure": f"second mount, {rows[0]['files']:,} to {rows[-1]['files']:,} members",
-                        "ours": worst, "peer": None, "ratio": flat,
-                        "target": f"< {SECOND_MOUNT_TARGET_S} s everywhere and flat (largest/smallest <= "
-                                  f"{FLATNESS_LIMIT})",
-                        "key": "scaling",
-                        "met": worst < SECOND_MOUNT_TARGET_S and flat <= FLATNESS_LIMIT
-                        and all(r["valid"] for r in rows)})
+            out.append(
+                {
+                    "figure": f"second mount, {rows[0]['files']:,} to {rows[-1]['files']:,} members",
+                    "ours": worst,
+                    "peer": None,
+                    "ratio": flat,
+                    "target": f"< {SECOND_MOUNT_TARGET_S} s everywhere and flat (largest/smallest <= {FLATNESS_LIMIT})",
+                    "key": "scaling",
+                    "met": worst < SECOND_MOUNT_TARGET_S and flat <= FLATNESS_LIMIT and all(r["valid"] for r in rows),
+                }
+            )
     return out
 
 
@@ -1251,14 +1320,18 @@ def print_summary(results: Dict[str, Any]) -> None:
         print()
         for t in targets:
             ratio = ((">=" if t.get("lower_bound") else "") + f"{t['ratio']:.2f}") if t["ratio"] is not None else "–"
-            print(f"  {'MET ' if t['met'] else 'MISS'}  {t['figure']:<42} ours {fmt_value(t['key'], t['ours']):>9}"
-                  f"  peer {fmt_value(t['key'], t['peer']):>9}  ratio {ratio:>6}  target {t['target']}")
+            print(
+                f"  {'MET ' if t['met'] else 'MISS'}  {t['figure']:<42} ours {fmt_value(t['key'], t['ours']):>9}"
+                f"  peer {fmt_value(t['key'], t['peer']):>9}  ratio {ratio:>6}  target {t['target']}"
+            )
     scaling = results.get("scaling")
     if scaling:
         print()
         for r in scaling["rows"]:
-            print(f"  scaling {r['tool']:<6} {r['files']:>9,} members: first {fmt_value('s', r.get('first_mount_s'))}"
-                  f" s, second {fmt_value('s', r.get('second_mount_s'))} s {'' if r['valid'] else 'INVALID'}")
+            print(
+                f"  scaling {r['tool']:<6} {r['files']:>9,} members: first {fmt_value('s', r.get('first_mount_s'))}"
+                f" s, second {fmt_value('s', r.get('second_mount_s'))} s {'' if r['valid'] else 'INVALID'}"
+            )
 
 
 def markdown_report(results: Dict[str, Any], notes: Optional[str]) -> str:
@@ -1266,13 +1339,17 @@ def markdown_report(results: Dict[str, Any], notes: Optional[str]) -> str:
     c = results["config"]
     out: List[str] = []
     out.append("# Benchmarks: ratarmount (ours) against the PyPI ratarmount release and others\n")
-    out.append("Generated by `benchmarks/bench_tar.py` (see `benchmarks/README.md` for how to run it and "
-               "what each figure means). Raw figures: `benchmarks/results/results.json`.\n")
+    out.append(
+        "Generated by `benchmarks/bench_tar.py` (see `benchmarks/README.md` for how to run it and "
+        "what each figure means). Raw figures: `benchmarks/results/results.json`.\n"
+    )
     out.append("## Machine\n")
     for key in ("date", "commit", "nproc", "cpu", "memory", "kernel", "os", "libfuse", "fusermount3", "python"):
         out.append(f"- **{key}**: {m.get(key)}")
-    out.append(f"- **page cache drop** (`echo 3 > /proc/sys/vm/drop_caches`): "
-               f"{'permitted' if results.get('drop_caches_permitted') else 'NOT permitted: reads are warm'}")
+    out.append(
+        f"- **page cache drop** (`echo 3 > /proc/sys/vm/drop_caches`): "
+        f"{'permitted' if results.get('drop_caches_permitted') else 'NOT permitted: reads are warm'}"
+    )
     out.append("")
     out.append("## Tools and backends\n")
     for name, res in results["tools"].items():
@@ -1287,15 +1364,24 @@ def markdown_report(results: Dict[str, Any], notes: Optional[str]) -> str:
     out.append("")
     quiet = results.get("quiet_log") or []
     noisy = [q for q in quiet if q["busy"] > 0.25]
-    out.append(f"- **load average** at start / end: {' '.join(results.get('loadavg_start', []))} / "
-               f"{' '.join(results.get('loadavg_end', []))}. Other sessions share this machine; before each "
-               f"measurement the benchmark waits (up to 60 s each, 300 s in all) for the CPUs to be idle "
-               f"(busy < 25%): {len(quiet) - len(noisy)} "
-               f"of {len(quiet)} measurements started on idle CPUs"
-               + (", the others with other work running: " + "; ".join(
-                   f"{q['before']} ({q['busy']:.0%} busy)" for q in noisy[:12]) if noisy else "") + ".")
-    out.append(f"- **niceness** of the benchmark and the tools it starts: {results.get('niceness', 0)} (so that "
-               "other work on the machine disturbs the timings less).")
+    out.append(
+        f"- **load average** at start / end: {' '.join(results.get('loadavg_start', []))} / "
+        f"{' '.join(results.get('loadavg_end', []))}. Other sessions share this machine; before each "
+        f"measurement the benchmark waits (up to 60 s each, 300 s in all) for the CPUs to be idle "
+        f"(busy < 25%): {len(quiet) - len(noisy)} "
+        f"of {len(quiet)} measurements started on idle CPUs"
+        + (
+            ", the others with other work running: "
+            + "; ".join(f"{q['before']} ({q['busy']:.0%} busy)" for q in noisy[:12])
+            if noisy
+            else ""
+        )
+        + "."
+    )
+    out.append(
+        f"- **niceness** of the benchmark and the tools it starts: {results.get('niceness', 0)} (so that "
+        "other work on the machine disturbs the timings less)."
+    )
     bytecode = (
         "cached (PYTHONPYCACHEPREFIX=benchmarks/work/pycache), as after a pip install"
         if results.get("bytecode_cached")
@@ -1306,12 +1392,16 @@ def markdown_report(results: Dict[str, Any], notes: Optional[str]) -> str:
     if not c.get("files"):
         out.append("(No main run in this result file: scaling only.)\n")
     out.append("## Data set\n")
-    out.append(f"- {c['files']:,} files in {c['folders']:,} folders (ImageNet-like names "
-               f"`n01440764/n01440764_10000.JPEG`), sizes {c['size_range'][0]}–{c['size_range'][1]} bytes "
-               f"(uniform, seed {c['seed']}), uncompressed ustar archive of "
-               f"{c['tar_bytes'] / 1024 / 1024:.0f} MiB; {c['random_reads']:,} random reads (seed {c['seed'] + 1}).")
-    out.append(f"- Before each first mount the archive is read once so that it is in the page cache for every "
-               f"tool alike; second mounts are the median of {c['mount_repeats']}.")
+    out.append(
+        f"- {c['files']:,} files in {c['folders']:,} folders (ImageNet-like names "
+        f"`n01440764/n01440764_10000.JPEG`), sizes {c['size_range'][0]}–{c['size_range'][1]} bytes "
+        f"(uniform, seed {c['seed']}), uncompressed ustar archive of "
+        f"{c['tar_bytes'] / 1024 / 1024:.0f} MiB; {c['random_reads']:,} random reads (seed {c['seed'] + 1})."
+    )
+    out.append(
+        f"- Before each first mount the archive is read once so that it is in the page cache for every "
+        f"tool alike; second mounts are the median of {c['mount_repeats']}."
+    )
     out.append(f"- Total run time: {results.get('elapsed_s', 0) / 60:.1f} min.\n")
     out.append("## Results\n")
     out.append(table(results, markdown=True))
@@ -1326,8 +1416,10 @@ def markdown_report(results: Dict[str, Any], notes: Optional[str]) -> str:
             key = "s" if t["key"] == "scaling" else t["key"]
             cpu_ratio = f"{t['cpu_ratio']:.2f}" if t.get("cpu_ratio") is not None else "–"
             figure = t["figure"].replace("|", "\\|")
-            out.append(f"| {figure} | {fmt_value(key, t['ours'])} | {fmt_value(key, t['peer'])} | {ratio} | "
-                       f"{t['target']} | {'**met**' if t['met'] else '**NOT met**'} | {cpu_ratio} |")
+            out.append(
+                f"| {figure} | {fmt_value(key, t['ours'])} | {fmt_value(key, t['peer'])} | {ratio} | "
+                f"{t['target']} | {'**met**' if t['met'] else '**NOT met**'} | {cpu_ratio} |"
+            )
         met = [t["figure"] for t in targets if t["met"]]
         missed = [t["figure"] for t in targets if not t["met"]]
         out.append("")
@@ -1336,20 +1428,26 @@ def markdown_report(results: Dict[str, Any], notes: Optional[str]) -> str:
     scaling = results.get("scaling")
     if scaling:
         out.append("## Scaling: mount time against the number of members\n")
-        out.append(f"Files of {scaling['file_size'][0]}–{scaling['file_size'][1]} bytes in "
-                   f"{scaling['folders']:,} folders (small files keep the archives small; mount times depend on "
-                   "the member count, not on the data size).\n")
-        out.append("| tool | members | archive | first mount (s) | second mount (s, median) | all second mounts (s) "
-                   "| CPU s first / second mount | index | peak RSS first mount | checks |")
+        out.append(
+            f"Files of {scaling['file_size'][0]}–{scaling['file_size'][1]} bytes in "
+            f"{scaling['folders']:,} folders (small files keep the archives small; mount times depend on "
+            "the member count, not on the data size).\n"
+        )
+        out.append(
+            "| tool | members | archive | first mount (s) | second mount (s, median) | all second mounts (s) "
+            "| CPU s first / second mount | index | peak RSS first mount | checks |"
+        )
         out.append("|---|---:|---:|---:|---:|---|---|---:|---:|---|")
         for r in scaling["rows"]:
             alls = ", ".join(f"{v:.3f}" for v in r.get("second_mount_all_s", []))
-            out.append(f"| {r['tool']} | {r['files']:,} | {fmt_value('_bytes', r['tar_bytes'])} | "
-                       f"{fmt_value('s', r.get('first_mount_s'))} | {fmt_value('s', r.get('second_mount_s'))} | "
-                       f"{alls} | {fmt_value('s', r.get('first_mount_cpu_s'))} / "
-                       f"{fmt_value('s', r.get('second_mount_cpu_s'))} | {fmt_value('_bytes', r.get('index_bytes'))} | "
-                       f"{fmt_value('_kib', r.get('first_mount_peak_rss_kib'))} | "
-                       f"{'ok' if r['valid'] else 'FAILED: ' + '; '.join(r['errors'])} |")
+            out.append(
+                f"| {r['tool']} | {r['files']:,} | {fmt_value('_bytes', r['tar_bytes'])} | "
+                f"{fmt_value('s', r.get('first_mount_s'))} | {fmt_value('s', r.get('second_mount_s'))} | "
+                f"{alls} | {fmt_value('s', r.get('first_mount_cpu_s'))} / "
+                f"{fmt_value('s', r.get('second_mount_cpu_s'))} | {fmt_value('_bytes', r.get('index_bytes'))} | "
+                f"{fmt_value('_kib', r.get('first_mount_peak_rss_kib'))} | "
+                f"{'ok' if r['valid'] else 'FAILED: ' + '; '.join(r['errors'])} |"
+            )
         out.append("")
     errors = [(name, e) for name, res in results["tools"].items() for e in res.get("errors", [])]
     if errors:
@@ -1399,18 +1497,29 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--files", type=int, default=100_000, help="number of files (default 100000)")
     p.add_argument("--folders", type=int, default=1000, help="number of folders (default 1000)")
-    p.add_argument("--file-size", type=parse_size_range, default=(1024, 4096), metavar="MIN-MAX",
-                   help="file size or range, e.g. 1KiB-4KiB (default) or 2048")
+    p.add_argument(
+        "--file-size",
+        type=parse_size_range,
+        default=(1024, 4096),
+        metavar="MIN-MAX",
+        help="file size or range, e.g. 1KiB-4KiB (default) or 2048",
+    )
     p.add_argument("--random-reads", type=int, default=1000, help="random files to read (default 1000)")
-    p.add_argument("--tools", default="ours,peer,dir",
-                   help=f"comma-separated, from {','.join(ALL_TOOLS)} (default ours,peer,dir)")
+    p.add_argument(
+        "--tools", default="ours,peer,dir", help=f"comma-separated, from {','.join(ALL_TOOLS)} (default ours,peer,dir)"
+    )
     p.add_argument("--seed", type=int, default=20240601)
     p.add_argument("--mount-repeats", type=int, default=5, help="second mounts to take the median of (default 5)")
-    p.add_argument("--phase-timeout", type=float, default=180,
-                   help="seconds before a measurement phase is given up (default 180)")
+    p.add_argument(
+        "--phase-timeout", type=float, default=180, help="seconds before a measurement phase is given up (default 180)"
+    )
     p.add_argument("--mount-timeout", type=float, default=1800, help="seconds a mount may take")
-    p.add_argument("--rss-limit-mib", type=float, default=8192,
-                   help="kill a mount daemon whose RSS exceeds this (MiB, default 8192)")
+    p.add_argument(
+        "--rss-limit-mib",
+        type=float,
+        default=8192,
+        help="kill a mount daemon whose RSS exceeds this (MiB, default 8192)",
+    )
     p.add_argument("--scaling", action="store_true", help="also measure second-mount time against member count")
     p.add_argument("--scaling-only", action="store_true", help="only the scaling measurement")
     p.add_argument("--scaling-sizes", default="10000,100000,1000000")
@@ -1423,17 +1532,32 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--notes", metavar="FILE", help="Markdown appended to the report (analysis, hot spots)")
     p.add_argument("--report-only", metavar="JSON", help="only render --report from an existing results JSON")
     p.add_argument("--keep-data", action="store_true", help="keep the 1M-member scaling archive")
-    p.add_argument("--quiet-wait", type=float, default=60,
-                   help="before each measurement wait up to this many seconds for other processes to leave "
-                        "the CPUs idle (default 60; 0: do not wait)")
-    p.add_argument("--nice", type=int, default=-10,
-                   help="niceness for the benchmark and the tools it starts (default -10 when root, so that "
-                        "other sessions' work on the same CPUs disturbs the timings less; 0: leave as is)")
-    p.add_argument("--quiet-budget", type=float, default=300,
-                   help="total seconds a run may spend waiting for idle CPUs (default 300)")
-    p.add_argument("--bytecode-as-is", action="store_true",
-                   help="run the tools with the environment's PYTHONDONTWRITEBYTECODE as it is (default: let "
-                        "Python cache byte code in benchmarks/work/pycache)")
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=60,
+        help="before each measurement wait up to this many seconds for other processes to leave "
+        "the CPUs idle (default 60; 0: do not wait)",
+    )
+    p.add_argument(
+        "--nice",
+        type=int,
+        default=-10,
+        help="niceness for the benchmark and the tools it starts (default -10 when root, so that "
+        "other sessions' work on the same CPUs disturbs the timings less; 0: leave as is)",
+    )
+    p.add_argument(
+        "--quiet-budget",
+        type=float,
+        default=300,
+        help="total seconds a run may spend waiting for idle CPUs (default 300)",
+    )
+    p.add_argument(
+        "--bytecode-as-is",
+        action="store_true",
+        help="run the tools with the environment's PYTHONDONTWRITEBYTECODE as it is (default: let "
+        "Python cache byte code in benchmarks/work/pycache)",
+    )
     args = p.parse_args(argv)
     args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     args.scaling_tools = [t.strip() for t in args.scaling_tools.split(",") if t.strip()]
@@ -1483,9 +1607,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         log(f"data set: {ds.files:,} files in {ds.folders:,} folders, {ds.total_bytes() / 1024 / 1024:.0f} MiB")
         tar_s = ds.ensure_tar()
         dir_s = ds.ensure_dir()
-        results["config"] = {**ds.params(), "random_reads": args.random_reads, "tools": args.tools,
-                             "mount_repeats": args.mount_repeats, "tar_bytes": os.path.getsize(ds.tar_path),
-                             "tar_build_s": tar_s, "extract_s": dir_s}
+        results["config"] = {
+            **ds.params(),
+            "random_reads": args.random_reads,
+            "tools": args.tools,
+            "mount_repeats": args.mount_repeats,
+            "tar_bytes": os.path.getsize(ds.tar_path),
+            "tar_build_s": tar_s,
+            "extract_s": dir_s,
+        }
         for name in args.tools:
             tool = TOOL_CLASSES[name](ds, args)
             res = bench_tool(tool, ds, args)
@@ -1494,8 +1624,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 log(f"  {name}: {e}")
             write_json(args.out, results)
     else:
-        results["config"] = {"files": 0, "folders": 0, "size_range": [0, 0], "seed": args.seed,
-                             "random_reads": 0, "tools": [], "mount_repeats": args.mount_repeats, "tar_bytes": 0}
+        results["config"] = {
+            "files": 0,
+            "folders": 0,
+            "size_range": [0, 0],
+            "seed": args.seed,
+            "random_reads": 0,
+            "tools": [],
+            "mount_repeats": args.mount_repeats,
+            "tar_bytes": 0,
+        }
     if args.scaling or args.scaling_only:
         results["scaling"] = bench_scaling(args)
     results["elapsed_s"] = time.perf_counter() - start

@@ -36,10 +36,14 @@ sys.path.insert(0, os.path.dirname(HERE))
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("archive")
-    parser.add_argument("--stat-paths", metavar="FILE",
-                        help="after COMMAND, os.stat every path listed in FILE (relative to the mount)")
-    parser.add_argument("--read-paths", metavar="FILE",
-                        help="after that, open and read every path listed in FILE (relative to the mount)")
+    parser.add_argument(
+        "--stat-paths", metavar="FILE", help="after COMMAND, os.stat every path listed in FILE (relative to the mount)"
+    )
+    parser.add_argument(
+        "--read-paths",
+        metavar="FILE",
+        help="after that, open and read every path listed in FILE (relative to the mount)",
+    )
     parser.add_argument("--sort", default="tottime", help="pstats sort key (default tottime)")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--out", help="also dump the raw profile to this file")

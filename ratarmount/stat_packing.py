@@ -36,8 +36,16 @@ _FIELDS = (
     "st_ctimespec.tv_nsec",
 )
 
-_STANDARD_CODES = {(1, True): "b", (1, False): "B", (2, True): "h", (2, False): "H",
-                   (4, True): "i", (4, False): "I", (8, True): "q", (8, False): "Q"}
+_STANDARD_CODES = {
+    (1, True): "b",
+    (1, False): "B",
+    (2, True): "h",
+    (2, False): "H",
+    (4, True): "i",
+    (4, False): "I",
+    (8, True): "q",
+    (8, False): "Q",
+}
 
 
 def _field(structure: Any, dotted: str) -> Tuple[int, Any]:

@@ -170,7 +170,13 @@ def fresh_copy(path: Path, tmp_path: Path) -> Path:
 
 
 KINDS = [
-    "gz-cli", "gz-python-multimember", "bz2-cli", "bz2-python", "zst-cli", "zst-python-frames", "xz-cli",
+    "gz-cli",
+    "gz-python-multimember",
+    "bz2-cli",
+    "bz2-python",
+    "zst-cli",
+    "zst-python-frames",
+    "xz-cli",
     "xz-cli-blocks",
 ]
 
@@ -302,7 +308,7 @@ def read_everything(archive: Path, expected: Dict[str, bytes], opts: Optional[Op
 
 
 def split_kind(kind: str) -> Tuple[str, OpenOptions]:
-    """"gz-cli@indexed_gzip" -> ("gz-cli", options with that gzip backend)."""
+    """ "gz-cli@indexed_gzip" -> ("gz-cli", options with that gzip backend)."""
     kind, _, backend = kind.partition("@")
     return kind, options(gzip_backend=backend or None)
 

@@ -249,7 +249,11 @@ class PooledReader(CompressedReader):
             if spans is not None:
                 logger.debug(
                     "%s: %d decoders created, span cache %d hits / %d misses (%d bytes decoded into it)",
-                    self.path, self.stats.decoders_created, spans.hits, spans.misses, spans.decoded_bytes,
+                    self.path,
+                    self.stats.decoders_created,
+                    spans.hits,
+                    spans.misses,
+                    spans.decoded_bytes,
                 )
                 spans.clear()
         finally:

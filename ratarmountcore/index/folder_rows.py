@@ -29,9 +29,7 @@ _TOO_LARGE: Dict[bytes, Row] = {}
 
 
 class FolderRows:
-    def __init__(
-        self, load: Callable[[bytes, int], List[Row]], max_rows: int = 16384, max_entries: int = 4096
-    ) -> None:
+    def __init__(self, load: Callable[[bytes, int], List[Row]], max_rows: int = 16384, max_entries: int = 4096) -> None:
         """``load(parent, limit)`` returns at most ``limit`` rows of the folder in (name, id) order."""
         self._load = load
         self.max_rows = max_rows
