@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         metavar="N",
-        help="threads for parallel decompression (default 0: all cores)",
+        help="threads for parallel decompression (default 0: all cores; gzip through rapidgzip: two per core)",
     )
     parser.add_argument("--gzip-backend", choices=["rapidgzip", "indexed_gzip"], help="force a gzip backend")
     parser.add_argument(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import random
 import tarfile
 import threading
@@ -229,6 +230,7 @@ def test_span_misses_use_single_threaded_decoders_and_large_reads_parallel_ones(
     with ratarmountcore.open(str(archive), opts):
         pass
     made: List[int] = []
+    made_default: List[int] = []
     original = RapidgzipReader._open_decoder
 
     def recording(self: RapidgzipReader, raw, threads: int):  # type: ignore[no-untyped-def]
@@ -245,3 +247,16 @@ def test_span_misses_use_single_threaded_decoders_and_large_reads_parallel_ones(
         large = memoryview(bytearray(DIRECT_READ_MIN))
         assert member.preadinto(1000, large) == DIRECT_READ_MIN and bytes(large) == big[1000 : 1000 + DIRECT_READ_MIN]
         assert made[-1] == 2
+
+    # With -P left at its default, rapidgzip's parallel decoders run two threads per core.
+    default = OpenOptions(index=IndexOptions(progress=False), compression=CompressionOptions(gzip_backend="rapidgzip"))
+
+    def recording_default(self: RapidgzipReader, raw, threads: int):  # type: ignore[no-untyped-def]
+        made_default.append(threads)
+        return original(self, raw, threads)
+
+    monkeypatch.setattr(RapidgzipReader, "_open_decoder", recording_default)
+    with ratarmountcore.open(str(archive), default) as src:
+        member = src.open_info(src.info("/big.bin"))
+        assert member.preadinto(0, large) == DIRECT_READ_MIN and bytes(large) == big[:DIRECT_READ_MIN]
+    assert made_default[-1] == 2 * (os.cpu_count() or 1)

@@ -45,6 +45,8 @@ class PooledReader(CompressedReader):
     #: speculatively decodes the spans after the one asked for; for reads all over the file
     #: that work is wasted (see ``docs/design.md``).
     span_decoder_threads: ClassVar[Optional[int]] = None
+    #: Threads per core of the parallel decoders when the user leaves ``-P`` at its default.
+    default_oversubscription: ClassVar[int] = 1
 
     def __init__(self, path: str, plain: PlainFile, options: CompressionOptions) -> None:
         super().__init__(path, plain, options)
@@ -57,6 +59,8 @@ class PooledReader(CompressedReader):
         self._spans: Optional[SpanCache] = None
         count = min(self.max_instances, max(1, options.threads()))
         threads = options.threads()
+        if options.parallelization <= 0:
+            threads *= self.default_oversubscription
         self._pool: InstancePool[Any] = InstancePool(lambda: self._new_slot(threads), self._close_decoder, count)
         span_threads = self.span_decoder_threads
         #: Decoders for span-cache misses (the same pool unless ``span_decoder_threads`` differs).
