@@ -22,6 +22,22 @@ def fuse_available() -> bool:
 requires_fuse = pytest.mark.skipif(not fuse_available(), reason="needs /dev/fuse and fusermount")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Indexes that go to ~/.cache/ratarmount (unions, read-only archive folders) stay out of
+    the real home folder; tests that look at that folder set a HOME of their own."""
+    home = tmp_path_factory.mktemp("home")
+    previous = os.environ.get("HOME")
+    os.environ["HOME"] = str(home)
+    try:
+        yield home
+    finally:
+        if previous is None:
+            del os.environ["HOME"]
+        else:
+            os.environ["HOME"] = previous
+
+
 def run_ratarmount(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def]
     return subprocess.run([*RATARMOUNT, *args], capture_output=True, text=True, timeout=timeout, **kwargs)
 
