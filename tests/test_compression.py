@@ -708,3 +708,66 @@ def test_single_frame_zstd_index_build_streams_the_frame_once(
     finally:
         ZstdReader._open_stream = original  # type: ignore[method-assign]
     assert streams_for_index == 1  # building the index decodes the frame in one forward pass
+
+
+def _zstd_without_content_size(plain: bytes, frame_size: int) -> bytes:
+    """Frames whose headers leave out the decompressed size (like `zstd` reading a pipe)."""
+    import zstandard
+
+    compressor = zstandard.ZstdCompressor(level=1, write_content_size=False, write_checksum=True)
+    return b"".join(compressor.compress(plain[i : i + frame_size]) for i in range(0, len(plain), frame_size))
+
+
+@pytest.mark.parametrize("frame_size", [1 << 30, 3 << 20])
+def test_zstd_frames_without_content_size_are_measured_and_the_first_one_kept(
+    frame_size: int, large_tar: Path, tmp_path: Path
+) -> None:
+    """A frame without a content size is decoded once to measure it. The first frame, if small
+    enough to cache, is kept from that pass, so the scan does not decode it again; later frames
+    and a single large frame are measured only (and the bytes always come out right)."""
+    from ratarmountcore.compression import framed
+
+    plain = large_tar.read_bytes()
+    archive = tmp_path / "piped.tar.zst"
+    archive.write_bytes(_zstd_without_content_size(plain, frame_size))
+    with open_compressed(str(archive), PlainFileReader(str(archive)), FormatId.ZSTD, CompressionOptions()) as reader:
+        assert isinstance(reader, framed.FramedReader)
+        table = reader.frames
+        assert table.size == len(plain) and len(table) == -(-len(plain) // min(frame_size, len(plain)))
+        assert reader.stats.frames_decoded == 0
+        assert reader.pread(5000, 1000) == plain[5000:6000]
+        assert reader.stats.frames_decoded == 0  # frame 0 came from the measuring pass
+        last = len(plain) - 1000
+        assert reader.pread(last, 1000) == plain[last:]
+    with ratarmountcore.open(str(archive), options()) as src:
+        for name, data in members_of(large_tar).items():
+            assert src.read(name) == data
+
+
+def test_zstd_first_frame_too_large_to_keep_is_only_measured(
+    large_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ratarmountcore.compression import framed
+
+    monkeypatch.setattr(ZstdReader, "whole_frame_limit", 1 << 20)  # the test frame is ~10 MB
+    plain = large_tar.read_bytes()
+    archive = tmp_path / "piped.tar.zst"
+    archive.write_bytes(_zstd_without_content_size(plain, 1 << 30))
+    with open_compressed(str(archive), PlainFileReader(str(archive)), FormatId.ZSTD, CompressionOptions()) as reader:
+        assert isinstance(reader, framed.FramedReader)
+        assert reader.size == len(plain) and len(reader.frames) == 1
+        assert framed.FRAME_CACHE.get((reader._token, 0)) is None
+        assert reader.pread(len(plain) - 3000, 2000) == plain[-3000:-1000]
+
+
+def test_zstd_corrupt_frame_without_content_size_is_refused(large_tar: Path, tmp_path: Path) -> None:
+    plain = large_tar.read_bytes()
+    data = bytearray(_zstd_without_content_size(plain, 1 << 30))
+    data[len(data) // 2] ^= 0xFF
+    archive = tmp_path / "piped.tar.zst"
+    archive.write_bytes(bytes(data))
+    with pytest.raises((CorruptDataError, ArchiveError)):
+        with ratarmountcore.open(str(archive), options()) as src:
+            for name in members_of(large_tar):
+                src.read(name)
+    assert not list(tmp_path.glob("*.index.sqlite*"))

@@ -254,6 +254,12 @@ class FramedReader(CompressedReader):
                 self.multi_frame_hint,
             )
 
+    def seed_frame(self, frame: int, data: FrameData) -> None:
+        """Put a frame the backend decoded and verified whole while building the table into
+        the cache, so that the first read of it does not decode it again."""
+        self._verified.add(frame)
+        FRAME_CACHE.put((self._token, frame), data)
+
     @property
     def size(self) -> int:
         return self.frames.size
