@@ -771,3 +771,25 @@ def test_zstd_corrupt_frame_without_content_size_is_refused(large_tar: Path, tmp
             for name in members_of(large_tar):
                 src.read(name)
     assert not list(tmp_path.glob("*.index.sqlite*"))
+
+
+@pytest.mark.parametrize("kind", ["zst-cli", "xz-cli"])
+def test_corrupt_large_frame_fails_the_index_build_through_the_read_ahead_thread(
+    kind: str, large_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frame too large to cache is decoded ahead by a thread of its own; a corrupt byte near
+    its end still fails the first mount with a data error and leaves no index behind."""
+    from ratarmountcore.compression import xz
+
+    monkeypatch.setattr(ZstdReader, "whole_frame_limit", 1 << 20)
+    monkeypatch.setattr(xz.XzReader, "whole_frame_limit", 1 << 20)
+    archive = compress(fresh_copy(large_tar, tmp_path), kind)
+    data = bytearray(archive.read_bytes())
+    data[len(data) - 5000] ^= 0x55
+    archive.write_bytes(bytes(data))
+    before = threading.active_count()
+    with pytest.raises((CorruptDataError, ArchiveError)):
+        with ratarmountcore.open(str(archive), options(parallelization=2)):
+            pass
+    assert not list(tmp_path.glob("*.index.sqlite*"))
+    assert threading.active_count() == before

@@ -392,6 +392,10 @@ class FramedReader(CompressedReader):
                 if cursor.stream is None or cursor.frame != frame or cursor.position > position:
                     cursor.close()
                     cursor.stream = self._open_stream(frame, table)
+                    if self._ahead_depth:
+                        from .stream_ahead import ReadAheadStream  # (imports this module)
+
+                        cursor.stream = ReadAheadStream(cursor.stream)
                     cursor.frame, cursor.position = frame, 0
                 while cursor.position < position:  # skip forward, in bounded steps
                     skipped = cursor.stream.read(min(position - cursor.position, 1 << 20))
