@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import sqlite3
 import tarfile
 import threading
@@ -11,8 +12,9 @@ from pathlib import Path
 import pytest
 
 import ratarmountcore
-from ratarmountcore.errors import TruncatedArchiveError
-from ratarmountcore.index.sqlite_index import FORMAT_VERSION, ROW_COLUMNS, IndexReader
+from ratarmountcore.errors import IndexNotWritableError, TruncatedArchiveError
+from ratarmountcore.index.sqlite_index import APPLICATION_ID, FORMAT_VERSION, ROW_COLUMNS, IndexReader, written_by_us
+from ratarmountcore.options import IndexOptions, OpenOptions
 
 
 def make_tar(path: Path, count: int) -> Path:
@@ -68,12 +70,65 @@ def test_interrupted_build_leaves_nothing(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.tar"]
 
 
-def test_invalid_index_file_is_replaced(tmp_path: Path) -> None:
+def _peer_like_index(path: Path) -> bytes:
+    """An SQLite file with the PyPI ratarmount release's kind of tables (not ours)."""
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE metadata (key VARCHAR(65535), value VARCHAR(65535))")
+    conn.execute("INSERT INTO metadata VALUES ('tarstats', '{}')")
+    conn.execute("CREATE TABLE files (path VARCHAR(65535), name VARCHAR(65535), offset INTEGER)")
+    conn.commit()
+    conn.close()
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["garbage", "peer"])
+def test_another_programs_file_at_the_index_path_is_left_alone(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file under our index name that is not our index (the PyPI release writes the same
+    name; or not SQLite at all) is never overwritten: the index goes to the cache folder, with
+    one warning naming the file, and later opens use it without a word."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     archive = make_tar(tmp_path / "a.tar", 10)
-    (tmp_path / "a.tar.index.sqlite").write_bytes(b"garbage" * 100)
-    with ratarmountcore.open(str(archive)) as src:
-        assert src.read("/d0/f0") == b"0"
-    IndexReader(str(tmp_path / "a.tar.index.sqlite")).close()
+    beside = tmp_path / "a.tar.index.sqlite"
+    if kind == "garbage":
+        beside.write_bytes(b"garbage" * 100)
+        original = beside.read_bytes()
+    else:
+        original = _peer_like_index(beside)
+    with caplog.at_level(logging.INFO, logger="ratarmountcore"):
+        with ratarmountcore.open(str(archive)) as src:
+            assert src.read("/d0/f0") == b"0"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and str(beside) in warnings[0] and "Leaving" in warnings[0]
+    assert beside.read_bytes() == original
+    cached = list((tmp_path / "home" / ".cache" / "ratarmount").glob("a.tar.*.index.sqlite"))
+    assert len(cached) == 1 and written_by_us(str(cached[0])) and not written_by_us(str(beside))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="ratarmountcore"):
+        with ratarmountcore.open(str(archive)) as src:
+            assert src.read("/d9/f9") == b"9"
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or "Creating index" in r.getMessage()]
+    assert beside.read_bytes() == original
+
+
+def test_an_explicit_index_file_of_another_program_is_refused(tmp_path: Path) -> None:
+    archive = make_tar(tmp_path / "a.tar", 10)
+    foreign = tmp_path / "theirs.sqlite"
+    original = _peer_like_index(foreign)
+    options = OpenOptions(index=IndexOptions(index_file=str(foreign), progress=False))
+    with pytest.raises(IndexNotWritableError, match="another program"):
+        ratarmountcore.open(str(archive), options)
+    assert foreign.read_bytes() == original
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.tar", "theirs.sqlite"]
+
+
+def test_our_indexes_carry_our_application_id(tmp_path: Path) -> None:
+    archive = make_tar(tmp_path / "a.tar", 3)
+    ratarmountcore.open(str(archive)).close()
+    conn = sqlite3.connect(tmp_path / "a.tar.index.sqlite")
+    assert conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+    conn.close()
 
 
 def test_old_format_version_is_rebuilt(tmp_path: Path) -> None:

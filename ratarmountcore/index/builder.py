@@ -4,6 +4,10 @@ Search order: the candidate locations (``locations.candidate_paths``); the first
 that validates against the archive (format version, size, mtime, fingerprint, build options) is
 used. Otherwise the index is built into the first writable candidate, via a temporary file that
 is renamed into place only when complete.
+
+A file at a candidate path that is not an index of ours (the PyPI ratarmount release writes
+``ARCHIVE.index.sqlite`` too) is left alone: the index goes to the next candidate, so neither
+program rebuilds its index on every mount because the other replaced it.
 """
 
 from __future__ import annotations
@@ -11,13 +15,13 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 from ..errors import IndexNotWritableError, InvalidIndexError, StaleIndexError
 from ..options import IndexOptions
 from .fingerprint import ArchiveStats
 from .locations import candidate_paths, folder_writable
-from .sqlite_index import IndexReader, IndexWriter
+from .sqlite_index import IndexReader, IndexWriter, written_by_us
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +30,9 @@ BuildFunction = Callable[[IndexWriter], None]
 
 
 def _try_open(path: str, stats: ArchiveStats, build_options: Dict[str, str]) -> Optional[IndexReader]:
+    if not written_by_us(path):
+        logger.debug("%s is not an index of ours", path)
+        return None
     try:
         reader = IndexReader(path)
     except InvalidIndexError as exc:
@@ -58,7 +65,11 @@ def open_or_build(
                     logger.debug("Using index %s", path)
                     return reader
 
+    foreign: List[str] = []
     for target in candidates:
+        if os.path.lexists(target) and not written_by_us(target):
+            foreign.append(target)
+            continue
         if not folder_writable(target):
             continue
         try:
@@ -66,12 +77,19 @@ def open_or_build(
         except (OSError, sqlite3.Error) as exc:
             logger.debug("Cannot create an index at %s: %s", target, exc)
             continue
+        if foreign:
+            logger.warning(
+                "Leaving %s alone (not a ratarmount index of ours; another program's?); writing the index to %s",
+                ", ".join(foreign),
+                target,
+            )
         logger.info("Creating index %s", target)
         with writer:
             build(writer)
             writer.commit(stats.mtime_ns, *implicit_owner)
         return IndexReader(target)
+    held = f" ({', '.join(foreign)} belongs to another program and is left alone)" if foreign else ""
     raise IndexNotWritableError(
-        f"{archive_path}: cannot write an index to any of {', '.join(candidates)}; "
+        f"{archive_path}: cannot write an index to any of {', '.join(candidates)}{held}; "
         "use --index-file or --index-folders to name a writable place"
     )

@@ -2,6 +2,10 @@
 -- Paths are stored as BLOBs (UTF-8 with surrogateescape) so that non-UTF-8 member names
 -- survive byte for byte. Idempotent: safe to run on an existing database.
 
+-- Marks the file as ours (the bytes "RMix" in the database header), so that an index another
+-- program wrote under the same name is recognized and never overwritten.
+PRAGMA application_id = 1380804984;
+
 CREATE TABLE IF NOT EXISTS metadata (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL

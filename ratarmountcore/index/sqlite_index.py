@@ -20,7 +20,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 from ..errors import InvalidIndexError, StaleIndexError
 from ..tar.scanner import KIND_DIR, KIND_HARDLINK, MemberRecord
 from .fingerprint import ArchiveStats
-from .pool import ConnectionPool
+from .pool import ConnectionPool, read_only_uri
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,31 @@ ROW_COLUMNS = (
 )
 
 Row = Tuple[int, bytes, bytes, str, int, int, int, int, int, int, int, bytes, int, Optional[bytes], int, int]
+
+
+#: ``PRAGMA application_id`` of our indexes (set by ``schema.sql``): the bytes "RMix".
+APPLICATION_ID = 0x524D6978
+
+
+def written_by_us(path: str) -> bool:
+    """Whether ``path`` is an index of ours (of any format version, valid or not): it carries our
+    application id, or (indexes from before the id) our archive identity in its metadata. Files
+    of other programs -- the PyPI ratarmount release uses the same ``.index.sqlite`` name -- and
+    files that are not SQLite at all are not, and are never overwritten."""
+    try:
+        conn = sqlite3.connect(read_only_uri(path), uri=True)
+    except sqlite3.Error:
+        return False
+    try:
+        (application_id,) = conn.execute("PRAGMA application_id").fetchone()
+        if application_id == APPLICATION_ID:
+            return True
+        found = conn.execute("SELECT 1 FROM metadata WHERE key = 'archive_fingerprint'").fetchone()
+        return found is not None
+    except sqlite3.Error:
+        return False
+    finally:
+        conn.close()
 
 
 def _sql(name: str) -> str:
