@@ -70,9 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--seek-point-spacing",
         "--gzip-seek-point-spacing",
         type=float,
-        default=1.0,
+        default=None,
         metavar="MiB",
-        help="distance between decompressor seek points stored in the index, in MiB (default 1)",
+        help="distance between gzip seek points stored in the index, in MiB (default: 0.5 of compressed "
+        "data with rapidgzip, 1 of decompressed data with indexed_gzip; an existing index is then used "
+        "whatever its spacing)",
     )
     parser.add_argument(
         "--cache-size",
@@ -135,7 +137,7 @@ def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     compression = CompressionOptions(
         parallelization=args.parallelization,
         gzip_backend=args.gzip_backend,
-        seek_point_spacing=max(1, int(args.seek_point_spacing * 1024 * 1024)),
+        seek_point_spacing=None if args.seek_point_spacing is None else max(1, int(args.seek_point_spacing * 2**20)),
         cache_size=max(0, int(args.cache_size * 1024 * 1024)),
     )
     if args.read_ahead < 0:

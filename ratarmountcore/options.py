@@ -26,8 +26,10 @@ class CompressionOptions:
     parallelization: int = 0
     #: Preferred gzip backend: "rapidgzip" or "indexed_gzip" (None: best available).
     gzip_backend: Optional[str] = None
-    #: Spacing of decompressor seek points in bytes of decompressed data.
-    seek_point_spacing: int = 1024 * 1024
+    #: Spacing of gzip seek points in bytes (rapidgzip: of compressed data; indexed_gzip: of
+    #: decompressed data). None: the backend's default, and an index built with any spacing is
+    #: used as it is; a value given here rebuilds an index built with another.
+    seek_point_spacing: Optional[int] = None
     #: Decoded data kept (bytes; one bound for all compressed files of the process) so that reads
     #: near each other decode once;
     #: 0 disables the cache.

@@ -61,12 +61,16 @@ class PooledReader(CompressedReader):
         threads = options.threads()
         if options.parallelization <= 0:
             threads *= self.default_oversubscription
-        self._pool: InstancePool[Any] = InstancePool(lambda: self._new_slot(threads), self._close_decoder, count)
         span_threads = self.span_decoder_threads
+        separate = span_threads is not None and span_threads != threads
+        #: Decoders for scans and large reads (with the coarse seek points when there are two pools).
+        self._pool: InstancePool[Any] = InstancePool(
+            lambda: self._new_slot(threads, coarse=separate), self._close_decoder, count
+        )
         #: Decoders for span-cache misses (the same pool unless ``span_decoder_threads`` differs).
         self._span_pool: InstancePool[Any] = (
-            InstancePool(lambda: self._new_slot(span_threads), self._close_decoder, count)
-            if span_threads is not None and span_threads != threads
+            InstancePool(lambda: self._new_slot(span_threads or 1), self._close_decoder, count)
+            if separate
             else self._pool
         )
 
@@ -75,6 +79,12 @@ class PooledReader(CompressedReader):
     def _open_decoder(self, raw: Union[str, FdFile], threads: int) -> Any:
         """A new library decoder reading ``raw`` (a path or a file object, see ``library_source``),
         decoding with up to ``threads`` threads where the library can."""
+
+    def _coarse_seek_points(self, payload: bytes) -> Optional[bytes]:
+        """The stored seek points thinned out for the decoders of scans and large reads (None:
+        use them all). Span-cache misses want seek points close together (each miss decodes
+        from one to the next); parallel decoders may work better with fewer."""
+        return None
 
     @abstractmethod
     def _load_seek_points(self, decoder: Any, payload: bytes) -> None:
@@ -104,7 +114,7 @@ class PooledReader(CompressedReader):
         self._spans = optional_cache(starts, self._size, self.options.cache_size)
 
     # --- pool ---------------------------------------------------------------------------------
-    def _new_slot(self, threads: int) -> Slot[Any]:
+    def _new_slot(self, threads: int, coarse: bool = False) -> Slot[Any]:
         with self.data_errors():
             decoder = self._open_decoder(self.library_source(), threads)
         self.stats.decoders_created += 1
@@ -112,10 +122,14 @@ class PooledReader(CompressedReader):
         try:
             loader = self._payload_loader
             if loader is not None:
+                payload = loader()
+                if coarse:
+                    payload = self._coarse_seek_points(payload) or payload
                 with self.data_errors():
-                    self._load_seek_points(decoder, loader())
+                    self._load_seek_points(decoder, payload)
                 slot.complete = True
-                self._learn_spans(decoder)
+                if not coarse:  # the span starts are the full set of seek points
+                    self._learn_spans(decoder)
             elif self.finish_on_create and self._size is None:
                 self._ensure_finished(slot)
         except BaseException:

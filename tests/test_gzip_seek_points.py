@@ -1,0 +1,135 @@
+"""gzip seek points: the default spacing, reuse of indexes built with another spacing, and the
+thinned seek points of the parallel decoders."""
+
+from __future__ import annotations
+
+import io
+import random
+import tarfile
+import zlib
+from pathlib import Path
+from typing import List
+
+import pytest
+
+import ratarmountcore
+from ratarmountcore.compression import gzip as gzip_backend
+from ratarmountcore.compression.gzip import RapidgzipReader, thin_gztool_index
+from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
+
+rapidgzip = pytest.importorskip("rapidgzip")
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A .tar.gz of ~3 MB, mostly incompressible, so that 64 KiB spacing gives ~40 seek points."""
+    rng = random.Random(11)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for i in range(60):
+            data = rng.randbytes(rng.randrange(10_000, 90_000)) + bytes(rng.randrange(0, 20_000))
+            if i == 30:
+                data = rng.randbytes(700_000)  # larger than DIRECT_READ_MIN: read by a parallel decoder
+            info = tarfile.TarInfo(f"d{i % 4}/f{i}.bin")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    path = tmp_path_factory.mktemp("gz") / "a.tar.gz"
+    compressor = zlib.compressobj(6, zlib.DEFLATED, 31)
+    path.write_bytes(compressor.compress(buffer.getvalue()) + compressor.flush())
+    return path
+
+
+def members(path: Path) -> dict:
+    with tarfile.open(path) as tar:
+        return {"/" + m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+
+
+def exported_index(path: Path, spacing: int) -> bytes:
+    with rapidgzip.RapidgzipFile(str(path), parallelization=2, chunk_size=spacing) as decoder:
+        decoder.seek(0, io.SEEK_END)
+        out = io.BytesIO()
+        decoder.export_index(out, rapidgzip.IndexFormat.GZTOOL)
+        return out.getvalue()
+
+
+def test_thinned_index_keeps_far_apart_points_and_decodes_the_same(archive: Path) -> None:
+    full = exported_index(archive, 64 * 1024)
+    thin = thin_gztool_index(full, 256 * 1024)
+    assert len(thin) < len(full)
+    plain = gzip_decompress(archive)
+    counts: List[int] = []
+    for payload in (full, thin):
+        with rapidgzip.RapidgzipFile(str(archive), parallelization=2, chunk_size=64 * 1024) as decoder:
+            decoder.import_index(io.BytesIO(payload))
+            offsets = sorted(decoder.block_offsets())  # compressed bit offsets of the seek points
+            counts.append(len(offsets))
+            if payload is thin:  # (the last offset is the end of the data)
+                assert all(b - a >= 256 * 1024 * 8 for a, b in zip(offsets[:-2], offsets[1:-1]))
+            assert decoder.read() == plain
+            rng = random.Random(3)
+            for _ in range(30):
+                offset = rng.randrange(len(plain))
+                decoder.seek(offset)
+                assert decoder.read(5000) == plain[offset : offset + 5000]
+    assert counts[1] < counts[0] and counts[1] >= 2
+
+
+def gzip_decompress(path: Path) -> bytes:
+    return zlib.decompress(path.read_bytes(), 31)
+
+
+@pytest.mark.parametrize("payload", [b"", b"garbage" * 10, bytes(8) + b"gzipindX" + bytes(40)])
+def test_thinning_leaves_anything_unexpected_alone(payload: bytes) -> None:
+    assert thin_gztool_index(payload, 1 << 20) is payload
+
+
+def test_parallel_decoders_get_thinned_seek_points_span_decoders_all(
+    archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copy = tmp_path / archive.name
+    copy.write_bytes(archive.read_bytes())
+    spacing = CompressionOptions(gzip_backend="rapidgzip", seek_point_spacing=64 * 1024, parallelization=2)
+    opts = OpenOptions(index=IndexOptions(progress=False), compression=spacing)
+    ratarmountcore.open(str(copy), opts).close()
+    monkeypatch.setattr(gzip_backend, "PARALLEL_CHUNK", 256 * 1024)
+    loaded: List[int] = []
+    original = RapidgzipReader._load_seek_points
+
+    def recording(self: RapidgzipReader, decoder, payload: bytes):  # type: ignore[no-untyped-def]
+        loaded.append(len(payload))
+        return original(self, decoder, payload)
+
+    monkeypatch.setattr(RapidgzipReader, "_load_seek_points", recording)
+    expected = members(copy)
+    with ratarmountcore.open(str(copy), opts) as src:
+        name, data = max(expected.items(), key=lambda item: len(item[1]))
+        member = src.open_info(src.info(name))
+        small = memoryview(bytearray(100))
+        assert member.preadinto(500, small) == 100 and bytes(small) == data[500:600]  # a span decoder
+        large = memoryview(bytearray(len(data)))
+        assert member.preadinto(0, large) == len(data) and bytes(large) == data  # a parallel one
+        for path, content in expected.items():
+            assert src.read(path) == content
+    assert len(set(loaded)) == 2, loaded  # the full and the thinned set
+
+
+def test_an_index_built_with_another_spacing_is_used_unless_a_spacing_is_asked_for(
+    archive: Path, tmp_path: Path
+) -> None:
+    copy = tmp_path / archive.name
+    copy.write_bytes(archive.read_bytes())
+    index = tmp_path / (archive.name + ".index.sqlite")
+
+    def options(spacing=None) -> OpenOptions:  # type: ignore[no-untyped-def]
+        compression = CompressionOptions(gzip_backend="rapidgzip", seek_point_spacing=spacing)
+        return OpenOptions(index=IndexOptions(progress=False), compression=compression)
+
+    ratarmountcore.open(str(copy), options(128 * 1024)).close()
+    built = index.stat().st_ino
+    with ratarmountcore.open(str(copy), options()) as src:  # the default: any spacing will do
+        assert src.read("/d0/f0.bin") == members(copy)["/d0/f0.bin"]
+    assert index.stat().st_ino == built
+    ratarmountcore.open(str(copy), options(128 * 1024)).close()  # the same, asked for
+    assert index.stat().st_ino == built
+    ratarmountcore.open(str(copy), options(256 * 1024)).close()  # another, asked for: rebuilt
+    assert index.stat().st_ino != built
