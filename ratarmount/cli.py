@@ -29,6 +29,8 @@ class MountOptions:
     read_ahead_kib: int = 1024
     #: "auto" (libfuse 3's low-level API when it can serve the options), "low" or "high".
     fuse_api: str = "auto"
+    #: Create the mount point if it does not exist (it was derived from the archive's name).
+    create_mountpoint: bool = False
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
         "SQLite index next to the archive (or in ~/.cache/ratarmount); later mounts open instantly.",
         epilog="Unmount with: ratarmount -u MOUNTPOINT",
     )
-    parser.add_argument("paths", nargs="*", metavar="ARCHIVE... MOUNTPOINT", help="archives, then the mount point")
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        metavar="ARCHIVE... MOUNTPOINT",
+        help="archives, then the mount point; a single ARCHIVE alone is mounted at its name without the "
+        "archive extension (data.tar.gz at data/, created if missing)",
+    )
     parser.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground (Ctrl+C unmounts)")
     parser.add_argument("-u", "--unmount", metavar="MOUNTPOINT", help="unmount MOUNTPOINT and exit")
     parser.add_argument(
@@ -127,7 +135,30 @@ def parse_fuse_options(values: Sequence[str]) -> Dict[str, Union[str, bool]]:
     return options
 
 
+#: Stripped from a lone ARCHIVE's name to name its mount point (longest first).
+ARCHIVE_SUFFIXES = (
+    ".tar.gz", ".tar.bz2", ".tar.zst", ".tar.xz", ".tgz", ".tbz2", ".tbz", ".tzst", ".txz",
+    ".tar", ".gz", ".bz2", ".zst", ".xz",
+)  # fmt: skip
+
+
+def default_mountpoint(archive: str) -> Optional[str]:
+    """``data.tar.gz`` -> ``data`` (beside the archive); None when the name has no such suffix."""
+    name = os.path.basename(archive)
+    for suffix in ARCHIVE_SUFFIXES:
+        if name.lower().endswith(suffix) and len(name) > len(suffix):
+            return os.path.join(os.path.dirname(os.path.abspath(archive)), name[: -len(suffix)])
+    return None
+
+
 def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> MountOptions:
+    create = False
+    if len(args.paths) == 1 and os.path.isfile(args.paths[0]):
+        derived = default_mountpoint(args.paths[0])
+        if derived is None:
+            parser.error(f"name a MOUNTPOINT for {args.paths[0]} (its name has no archive extension to strip)")
+        args.paths.append(derived)
+        create = True
     if len(args.paths) < 2:
         parser.error("need at least one ARCHIVE and a MOUNTPOINT")
     folders = parse_index_folders(args.index_folders)
@@ -152,6 +183,7 @@ def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         fuse_options=parse_fuse_options(args.fuse),
         read_ahead_kib=args.read_ahead,
         fuse_api=args.fuse_api,
+        create_mountpoint=create,
     )
 
 

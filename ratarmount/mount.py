@@ -183,15 +183,34 @@ def check_binding(options: MountOptions) -> None:
 
 
 def mount(options: MountOptions) -> int:
-    check_mountpoint(options.mountpoint, options.fuse_options)
     for path in options.sources:
         if not os.path.exists(path):
             raise RatarmountError(f"{path}: no such file or directory")
-    check_binding(options)
-    if options.foreground:
-        run_fuse(options, None)
-        return 0
-    return _daemonize(options)
+    created = options.create_mountpoint and not os.path.lexists(options.mountpoint)
+    if created:
+        os.mkdir(options.mountpoint)
+        logger.warning("created the mount point %s", options.mountpoint)
+    status = 1
+    try:
+        check_mountpoint(options.mountpoint, options.fuse_options)
+        check_binding(options)
+        if options.foreground:
+            run_fuse(options, None)
+            status = 0
+        else:
+            status = _daemonize(options, remove_mountpoint=created)
+    finally:
+        # A mount point we made goes when the mount does (foreground) or when it failed.
+        if created and (options.foreground or status != 0):
+            _remove_empty(options.mountpoint)
+    return status
+
+
+def _remove_empty(folder: str) -> None:
+    try:
+        os.rmdir(folder)
+    except OSError as exc:
+        logger.debug("left %s in place: %s", folder, exc)
 
 
 def _detach_stdio() -> None:
@@ -201,9 +220,10 @@ def _detach_stdio() -> None:
     os.close(devnull)
 
 
-def _daemonize(options: MountOptions) -> int:
+def _daemonize(options: MountOptions, remove_mountpoint: bool = False) -> int:
     """Fork; the child mounts and reports through one pipe: its libfuse/log output during the
-    mount, then a NUL byte once ready (or an error line and EOF)."""
+    mount, then a NUL byte once ready (or an error line and EOF). With ``remove_mountpoint`` the
+    child removes the (empty) mount point once it is unmounted."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # child
@@ -239,6 +259,8 @@ def _daemonize(options: MountOptions) -> int:
 
         try:
             run_fuse(options, on_ready, before_mount)
+            if remove_mountpoint:
+                _remove_empty(options.mountpoint)
         except BaseException as exc:  # report to the parent, never a traceback in the daemon
             if options.debug:
                 logger.exception("mount failed")

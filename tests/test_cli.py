@@ -165,6 +165,65 @@ def test_index_beside_read_only_archive_goes_to_home_cache(
 
 
 @requires_fuse
+@pytest.mark.parametrize("foreground", [False, True])
+def test_a_lone_archive_is_mounted_at_its_name(tmp_path: Path, foreground: bool) -> None:
+    """`ratarmount data.tar.gz` mounts at `data/` beside it, made for the mount and removed once
+    it is unmounted (daemon) or ends (foreground)."""
+    archive = tmp_path / "data.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, data in FILES.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    target = tmp_path / "data"
+    if not foreground:
+        result = run_ratarmount(str(archive))
+        try:
+            assert result.returncode == 0, result.stderr
+            assert "created the mount point" in result.stderr and str(target) in result.stderr
+            assert os.path.ismount(target)
+            assert (target / "folder1" / "file4.txt").read_bytes() == FILES["folder1/file4.txt"]
+            assert run_ratarmount("-u", str(target)).returncode == 0
+        finally:
+            lazy_unmount(target)
+    else:
+        process = subprocess.Popen([*RATARMOUNT, "-f", str(archive)], stderr=subprocess.PIPE, text=True)
+        try:
+            for _ in range(200):
+                if os.path.ismount(target):
+                    break
+                time.sleep(0.05)
+            assert os.path.ismount(target)
+            assert (target / "folder2" / "file5.txt").read_bytes() == FILES["folder2/file5.txt"]
+            process.send_signal(signal.SIGINT)
+            assert process.wait(timeout=30) == 0
+        finally:
+            lazy_unmount(target)
+            process.kill()
+    for _ in range(100):  # the daemon removes it right after its loop ends
+        if not target.exists():
+            break
+        time.sleep(0.05)
+    assert not target.exists()
+
+
+def test_a_lone_archive_that_fails_leaves_no_folder(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.tar"
+    bad.write_bytes(b"this is not a tar archive" * 100)
+    result = run_ratarmount(str(bad))
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.tar", "home"]
+    plain = tmp_path / "README"
+    plain.write_bytes(b"x")
+    result = run_ratarmount(str(plain))
+    assert result.returncode == 2 and "name a MOUNTPOINT" in result.stderr
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "keep.txt").write_text("mine")
+    result = run_ratarmount(str(bad))
+    assert result.returncode != 0 and (tmp_path / "broken" / "keep.txt").read_text() == "mine"
+
+
+@requires_fuse
 def test_index_file_and_index_folders_options(mounter: Mounter, tmp_path: Path, archive: Path) -> None:
     index = tmp_path / "elsewhere" / "my.index"
     (tmp_path / "elsewhere").mkdir()
