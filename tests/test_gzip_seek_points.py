@@ -133,3 +133,66 @@ def test_an_index_built_with_another_spacing_is_used_unless_a_spacing_is_asked_f
     assert index.stat().st_ino == built
     ratarmountcore.open(str(copy), options(256 * 1024)).close()  # another, asked for: rebuilt
     assert index.stat().st_ino != built
+
+
+def _tar_gz(path: Path, sizes: List[int]) -> Path:
+    rng = random.Random(len(sizes))
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for i, size in enumerate(sizes):
+            info = tarfile.TarInfo(f"folder/ä-long-name-{'x' * 120}-{i}")
+            info.size = size
+            tar.addfile(info, io.BytesIO(rng.randbytes(size)))
+    compressor = zlib.compressobj(1, zlib.DEFLATED, 31)
+    path.write_bytes(compressor.compress(buffer.getvalue()) + compressor.flush())
+    return path
+
+
+@pytest.mark.parametrize(
+    ("sizes", "large"), [([3000] * 300, False), ([300_000] * 12, True), ([0, 10, 200_000, 200_000, 300_000], True)]
+)
+def test_the_first_members_decide_the_seek_points_of_the_first_scan(
+    sizes: List[int], large: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small members: seek points every 0.5 MiB, scanned with two threads per core. Large members
+    (reads of them skip the span cache): every 1 MiB, one thread per core (pure decoding)."""
+    import os
+
+    archive = _tar_gz(tmp_path / "a.tar.gz", sizes)
+    made: List[tuple] = []
+    original = RapidgzipReader._open_decoder
+
+    def recording(self: RapidgzipReader, raw, threads: int):  # type: ignore[no-untyped-def]
+        made.append((self._chunk_size, threads))
+        return original(self, raw, threads)
+
+    monkeypatch.setattr(RapidgzipReader, "_open_decoder", recording)
+    opts = OpenOptions(index=IndexOptions(progress=False), compression=CompressionOptions(gzip_backend="rapidgzip"))
+    with ratarmountcore.open(str(archive), opts) as src:
+        for path, data in members(archive).items():
+            assert src.read(path) == data
+    cores = os.cpu_count() or 1
+    assert made[0] == ((1 << 20, cores) if large else (512 * 1024, 2 * cores))
+    # An explicit spacing and -P are kept whatever the members.
+    made.clear()
+    (tmp_path / "a.tar.gz.index.sqlite").unlink()
+    explicit = CompressionOptions(gzip_backend="rapidgzip", seek_point_spacing=256 * 1024, parallelization=3)
+    ratarmountcore.open(str(archive), OpenOptions(index=IndexOptions(progress=False), compression=explicit)).close()
+    assert made[0] == (256 * 1024, 3)
+
+
+def test_member_size_sample() -> None:
+    from ratarmountcore.tar.sample import typical_member_size
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for i, size in enumerate([100, 5000, 7000, 0, 90_000]):
+            info = tarfile.TarInfo(f"d/{'n' * 150}{i}")  # GNU long names: extra headers, not members
+            info.size = size
+            tar.addfile(info, io.BytesIO(bytes(size)))
+    data = buffer.getvalue()
+    assert typical_member_size(data) == 5000
+    assert typical_member_size(data[:3000]) == 100  # only the headers inside the sample count
+    assert typical_member_size(b"") is None
+    assert typical_member_size(b"not a tar header" * 100) is None
+    assert typical_member_size(bytes(10240)) is None

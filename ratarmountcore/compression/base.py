@@ -228,6 +228,14 @@ class CompressedReader(ABC):
     def size(self) -> int:
         """Decompressed size. Without imported seek points this may decompress the whole file."""
 
+    #: Whether ``suggest_member_size`` is worth a look at the first members before a scan.
+    wants_member_size: ClassVar[bool] = False
+
+    def suggest_member_size(self, size: int) -> None:
+        """Before the first scan: the typical size of the archive's members (a sample of the
+        first ones), for backends whose seek points are worth placing by it."""
+        return None  # most backends have no use for it
+
     def head(self, size: int) -> bytes:
         """The first ``size`` decompressed bytes, without building any seek points if possible."""
         return self.pread(0, size)

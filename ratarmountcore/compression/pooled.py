@@ -61,11 +61,14 @@ class PooledReader(CompressedReader):
         threads = options.threads()
         if options.parallelization <= 0:
             threads *= self.default_oversubscription
+        #: Threads of a decoder that scans the stream before the seek points are known (the
+        #: first mount); a backend may lower it once it knows what the archive holds.
+        self._scan_threads = threads
         span_threads = self.span_decoder_threads
         separate = span_threads is not None and span_threads != threads
         #: Decoders for scans and large reads (with the coarse seek points when there are two pools).
         self._pool: InstancePool[Any] = InstancePool(
-            lambda: self._new_slot(threads, coarse=separate), self._close_decoder, count
+            lambda: self._new_slot(threads, coarse=separate, scans=True), self._close_decoder, count
         )
         #: Decoders for span-cache misses (the same pool unless ``span_decoder_threads`` differs).
         self._span_pool: InstancePool[Any] = (
@@ -114,13 +117,17 @@ class PooledReader(CompressedReader):
         self._spans = optional_cache(starts, self._size, self.options.cache_size)
 
     # --- pool ---------------------------------------------------------------------------------
-    def _new_slot(self, threads: int, coarse: bool = False) -> Slot[Any]:
+    def _new_slot(self, threads: int, coarse: bool = False, scans: bool = False) -> Slot[Any]:
+        """A decoder with ``threads`` threads (``_scan_threads`` when it ``scans`` a stream whose
+        seek points are not known yet), given the coarse seek points when ``coarse``."""
+        loader = self._payload_loader
+        if loader is None and scans:
+            threads = self._scan_threads
         with self.data_errors():
             decoder = self._open_decoder(self.library_source(), threads)
         self.stats.decoders_created += 1
         slot: Slot[Any] = Slot(decoder)
         try:
-            loader = self._payload_loader
             if loader is not None:
                 payload = loader()
                 if coarse:

@@ -17,11 +17,14 @@ from ..index.sqlite_index import IndexReader, IndexWriter, Row, decode_int, enco
 from ..io.readers import MemberFile, PlainFileReader, RandomAccessReader
 from ..options import CompressionOptions, OpenOptions
 from ..tar.indexing import NamespacedSeekPoints, index_tar, open_nested_compressed
+from ..tar.sample import typical_member_size
 from .base import FileInfo, MountSource
 
 logger = logging.getLogger(__name__)
 
 VERSIONS_SUFFIX = b".versions"
+#: Decompressed bytes looked at to tell small members from large ones before a first scan.
+SAMPLE_BYTES = 1024 * 1024
 
 
 class ArchiveLocator(NamedTuple):
@@ -264,6 +267,10 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
 
         def build(writer: IndexWriter) -> None:
             total = stats.size if reader is plain else None
+            if reader is not plain and compressed.wants_member_size:
+                typical = typical_member_size(compressed.head(SAMPLE_BYTES))
+                if typical is not None:
+                    compressed.suggest_member_size(typical)
             index_tar(
                 reader,
                 total,

@@ -1,0 +1,37 @@
+"""A cheap look at the members at the start of a tar stream (before it is indexed).
+
+Used to choose build parameters that depend on the kind of archive -- many small members or a few
+large ones -- from the first decompressed bytes alone. A guess: the scan that follows never
+relies on it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import List, Optional
+
+from ..errors import CorruptHeaderError
+from .scanner import parse_number
+
+BLOCK = 512
+#: Type flags of members that hold file data (regular files, contiguous files, old-style files).
+_DATA_TYPES = {b"0", b"\0", b"7"}
+
+
+def typical_member_size(head: bytes, most: int = 200) -> Optional[int]:
+    """The median size of the file members whose headers lie in ``head`` (the first bytes of a
+    tar stream), at most ``most`` of them; None when there are none or ``head`` is not tar."""
+    sizes: List[int] = []
+    position = 0
+    while position + BLOCK <= len(head) and len(sizes) < most:
+        header = head[position : position + BLOCK]
+        if header[257:262] != b"ustar" and sum(header[148:156]) == 0:
+            break  # end of archive (zero blocks) or not a tar header
+        try:
+            size = parse_number(header[124:136], "size", position)
+        except CorruptHeaderError:
+            break
+        if header[156:157] in _DATA_TYPES and size >= 0:
+            sizes.append(size)
+        position += BLOCK + (size + BLOCK - 1) // BLOCK * BLOCK
+    return int(statistics.median(sizes)) if sizes else None
