@@ -793,3 +793,33 @@ def test_corrupt_large_frame_fails_the_index_build_through_the_read_ahead_thread
             pass
     assert not list(tmp_path.glob("*.index.sqlite*"))
     assert threading.active_count() == before
+
+
+def test_large_frames_are_decoded_ahead_for_sequential_readers_only(
+    large_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread decodes a large frame ahead once reads move forward in small steps (a scan, a
+    copy); reads that jump around get none (what it decoded past their target would be waste)."""
+    from ratarmountcore.compression import framed, stream_ahead
+
+    monkeypatch.setattr(ZstdReader, "whole_frame_limit", 1 << 20)
+    archive = compress(fresh_copy(large_tar, tmp_path), "zst-cli")
+    plain = large_tar.read_bytes()
+    made: List[int] = []
+    original = stream_ahead.ReadAheadStream.__init__
+
+    def counting(self, stream, *args, **kwargs):  # type: ignore[no-untyped-def]
+        made.append(1)
+        original(self, stream, *args, **kwargs)
+
+    monkeypatch.setattr(stream_ahead.ReadAheadStream, "__init__", counting)
+    with open_compressed(str(archive), PlainFileReader(str(archive)), FormatId.ZSTD, CompressionOptions()) as reader:
+        assert isinstance(reader, framed.FramedReader) and len(reader.frames) == 1
+        rng = random.Random(4)
+        for _ in range(12):  # far apart, back and forth
+            offset = rng.randrange(len(plain) - 5000)
+            assert reader.pread(offset, 5000) == plain[offset : offset + 5000]
+        assert made == []
+        for offset in range(0, 3_000_000, 300_000):  # forward in small steps
+            assert reader.pread(offset, 1000) == plain[offset : offset + 1000]
+        assert made == [1]

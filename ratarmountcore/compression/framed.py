@@ -112,6 +112,11 @@ SLOW_FRAME_BYTES = 16 * 1024 * 1024
 AHEAD_BYTES = 32 * 1024 * 1024
 #: The cache grows to hold at least this many of the largest frame of any open reader.
 FRAMES_CACHED_AT_LEAST = 2
+#: Reads in a row that continue where the previous one ended before a large frame's stream
+#: is decoded ahead by a thread (see ``stream_ahead.py``).
+SEQUENTIAL_RUN = 2
+#: A read that starts at most this far after the previous one's end still counts as sequential.
+SEQUENTIAL_GAP = 1024 * 1024
 
 
 class FrameCache:
@@ -167,12 +172,17 @@ class _Cursor:
         self.frame = -1
         self.position = 0  # inside the frame
         self.stream: Optional[FrameStream] = None
+        #: Reads in a row that continued (nearly) where the previous one ended.
+        self.run = 0
+        #: Whether ``stream`` is decoded ahead by a thread.
+        self.ahead = False
 
     def close(self) -> None:
         if self.stream is not None:
             self.stream.close()
             self.stream = None
         self.frame = -1
+        self.ahead = False
 
 
 class FramedReader(CompressedReader):
@@ -392,11 +402,18 @@ class FramedReader(CompressedReader):
                 if cursor.stream is None or cursor.frame != frame or cursor.position > position:
                     cursor.close()
                     cursor.stream = self._open_stream(frame, table)
-                    if self._ahead_depth:
-                        from .stream_ahead import ReadAheadStream  # (imports this module)
+                    cursor.frame, cursor.position, cursor.run = frame, 0, 0
+                # Forward by at most a small gap (a scan skips the data of small members).
+                cursor.run = cursor.run + 1 if 0 <= position - cursor.position <= SEQUENTIAL_GAP else 0
+                if cursor.run >= SEQUENTIAL_RUN and self._ahead_depth and not cursor.ahead:
+                    # A sequential reader (the first mount's scan, a copy): decode ahead in a
+                    # thread of its own. Random reads never get here: what a thread decoded
+                    # past their target would be thrown away (single-frame .tar.zst, 100
+                    # random reads: 8.5 s without, 10.0 s with read-ahead).
+                    from .stream_ahead import ReadAheadStream  # (imports this module)
 
-                        cursor.stream = ReadAheadStream(cursor.stream)
-                    cursor.frame, cursor.position = frame, 0
+                    cursor.stream = ReadAheadStream(cursor.stream)
+                    cursor.ahead = True
                 while cursor.position < position:  # skip forward, in bounded steps
                     skipped = cursor.stream.read(min(position - cursor.position, 1 << 20))
                     if not skipped:
