@@ -60,3 +60,30 @@ def test_unrelated_reads_do_not_wait() -> None:
     release.set()
     thread.join()
     assert created == [0, 1]
+
+
+def test_forward_only_instances_spread_instead_of_rewinding() -> None:
+    """With ``grow_before_rewind`` a use with nothing idle behind its offset gets a new instance
+    (up to the limit); beyond it, the instance that has come least far is rewound."""
+    made: list = []
+
+    def create() -> "Slot[int]":
+        made.append(len(made))
+        return Slot(made[-1], position=-1)
+
+    pool: InstancePool[int] = InstancePool(create, lambda _i: None, 3, grow_before_rewind=True)
+    for offset in (900, 500, 100):  # each lies before every idle instance: three instances
+        with pool.acquire(offset) as slot:
+            slot.position = offset + 10
+    assert len(made) == 3
+    with pool.acquire(700) as slot:  # behind it: the one at 510
+        assert slot.position == 510
+        slot.position = 710
+    with pool.acquire(50) as slot:  # nothing behind, no room: the one at 110 (least progress)
+        assert slot.position == 110
+    assert len(made) == 3
+    plain: InstancePool[int] = InstancePool(create, lambda _i: None, 3)
+    with plain.acquire(900) as slot:
+        slot.position = 910
+    with plain.acquire(100) as slot:  # without the option an idle instance is taken
+        assert slot.position == 910

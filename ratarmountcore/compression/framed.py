@@ -187,7 +187,7 @@ class _Cursor:
 
 class FramedReader(CompressedReader):
     whole_frame_limit: ClassVar[int] = 32 * 1024 * 1024
-    max_cursors: ClassVar[int] = 4
+    max_cursors: ClassVar[int] = 8
     #: How to get a file with more frames (for the warning about slow seeking).
     multi_frame_hint: ClassVar[str] = ""
 
@@ -201,7 +201,7 @@ class FramedReader(CompressedReader):
         self._inflight: Dict[int, threading.Event] = {}
         self._decode_slots = threading.BoundedSemaphore(max(1, options.threads()))
         self._cursors: InstancePool[_Cursor] = InstancePool(
-            lambda: Slot(_Cursor(), position=-1), _Cursor.close, self.max_cursors
+            lambda: Slot(_Cursor(), position=-1), _Cursor.close, self.max_cursors, grow_before_rewind=True
         )
         self._verified: Set[int] = set()
         #: The largest frame this reader caches whole (0: none).

@@ -86,10 +86,22 @@ _IDLE = _IdleRegistry()
 
 
 class InstancePool(Generic[T]):
-    def __init__(self, create: Callable[[], Slot[T]], close: Callable[[T], None], max_instances: int) -> None:
+    def __init__(
+        self,
+        create: Callable[[], Slot[T]],
+        close: Callable[[T], None],
+        max_instances: int,
+        grow_before_rewind: bool = False,
+    ) -> None:
+        """``grow_before_rewind``: for instances that can only move forward (a stream inside a
+        large frame restarts from the frame start to go back), a use with no idle instance
+        behind its offset gets a new instance while there is room, and otherwise rewinds the
+        one that has come least far, so that the instances spread over the file and later
+        uses find one close behind them."""
         self._create = create
         self._close = close
         self._max = max(1, max_instances)
+        self._grow_before_rewind = grow_before_rewind
         self._cond = threading.Condition()
         self._idle: List[Slot[T]] = []
         #: end offset of a use in progress -> number of such uses
@@ -142,10 +154,21 @@ class InstancePool(Generic[T]):
                 best = exact[0]
             elif behind:
                 best = max(behind, key=lambda s: s.position)
+            elif self._grow_before_rewind:
+                best = min(idle, key=lambda s: s.position)  # rewinding it loses the least
             else:
                 best = idle[-1]  # most recently returned
         idle.remove(best)
         return best
+
+    def _grow_here(self, offset: Optional[int]) -> bool:
+        """(Under the lock.) Whether this use should get a new instance although some are idle."""
+        return (
+            self._grow_before_rewind
+            and offset is not None
+            and self._live < self._max
+            and not any(0 <= s.position <= offset for s in self._idle)
+        )
 
     def _take(self, offset: Optional[int]) -> Slot[T]:
         slot: Optional[Slot[T]] = None
@@ -167,7 +190,7 @@ class InstancePool(Generic[T]):
             while True:
                 if self._closed:
                     raise ValueError("I/O operation on a closed compressed file")
-                if self._idle:
+                if self._idle and not self._grow_here(offset):
                     slot = self._pick(offset)
                     break
                 if self._live < self._max:
