@@ -823,3 +823,63 @@ def test_large_frames_are_decoded_ahead_for_sequential_readers_only(
         for offset in range(0, 3_000_000, 300_000):  # forward in small steps
             assert reader.pread(offset, 1000) == plain[offset : offset + 1000]
         assert 1 <= len(made) <= 3  # (the cursors the random reads left behind may take turns)
+
+
+def test_last_large_frame_without_content_size_is_decoded_once_at_the_first_mount(
+    large_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tar -I zstd` writes one frame without a content size. When it is too large to cache it
+    gets an upper bound instead of a measuring pass; the scan's stream settles the size at the
+    frame's end, so the first mount decodes the frame once, and the stored table is exact."""
+    from ratarmountcore.compression import framed
+
+    monkeypatch.setattr(ZstdReader, "whole_frame_limit", 1 << 20)
+    plain = large_tar.read_bytes()
+    archive = tmp_path / "piped.tar.zst"
+    archive.write_bytes(_zstd_without_content_size(plain, 1 << 30))
+    opened: List[int] = []
+    original = ZstdReader._open_stream
+
+    def counting(self: ZstdReader, frame: int, table: FrameTable):  # type: ignore[no-untyped-def]
+        opened.append(frame)
+        return original(self, frame, table)
+
+    monkeypatch.setattr(ZstdReader, "_open_stream", counting)
+    with ratarmountcore.open(str(archive), options()) as src:
+        assert len(opened) == 1  # one pass: no measuring, no second stream to settle the size
+        for name, data in members_of(large_tar).items():
+            assert src.read(name) == data
+    with open_compressed(str(archive), PlainFileReader(str(archive)), FormatId.ZSTD, CompressionOptions()) as reader:
+        assert isinstance(reader, framed.FramedReader)
+        assert reader.frames.open_end
+        tail = reader.pread(len(plain) - 700, 5000)  # past the true end, inside the bound
+        assert tail == plain[-700:] and not reader.frames.open_end and reader.size == len(plain)
+        assert reader.pread(len(plain), 10) == b""
+    with open_compressed(str(archive), PlainFileReader(str(archive)), FormatId.ZSTD, CompressionOptions()) as reader:
+        assert reader.size == len(plain)  # asking for the size settles it (decodes to the end)
+
+
+def test_single_compressed_file_without_content_size_has_its_exact_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ZstdReader, "whole_frame_limit", 256 * 1024)
+    data = random.Random(8).randbytes(900_000) + b"line\n" * 50_000
+    archive = tmp_path / "data.bin.zst"
+    archive.write_bytes(_zstd_without_content_size(data, 1 << 30))
+    with ratarmountcore.open(str(archive), options()) as src:
+        (name,) = [n for n, _ in src.list_entries("/")]
+        assert src.stat("/" + name).st_size == len(data)
+        assert src.read("/" + name) == data
+
+
+def test_corrupt_open_ended_frame_fails_the_first_mount(
+    large_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ZstdReader, "whole_frame_limit", 1 << 20)
+    data = bytearray(_zstd_without_content_size(large_tar.read_bytes(), 1 << 30))
+    data[-3000] ^= 0x40
+    archive = tmp_path / "piped.tar.zst"
+    archive.write_bytes(bytes(data))
+    with pytest.raises((CorruptDataError, ArchiveError)):
+        ratarmountcore.open(str(archive), options()).close()
+    assert not list(tmp_path.glob("*.index.sqlite*"))

@@ -60,6 +60,10 @@ class FrameTable:
     decomp_offsets: List[int] = field(default_factory=list)
     decomp_sizes: List[int] = field(default_factory=list)
     aux: List[int] = field(default_factory=list)
+    #: The last frame's size is only an upper bound (its header lacks the size, and decoding it
+    #: just to measure it would double the first mount's work); it is settled when a stream
+    #: first reaches the frame's end. Tables with an open end are never stored.
+    open_end: bool = False
 
     def append(self, comp_offset: int, comp_size: int, decomp_size: int, aux: int = 0) -> None:
         if decomp_size <= 0:
@@ -272,11 +276,26 @@ class FramedReader(CompressedReader):
 
     @property
     def size(self) -> int:
-        return self.frames.size
+        table = self.frames
+        if table.open_end:
+            with self.data_errors():
+                self._verify_large_frames(table)  # decodes the last frame to its end
+        return table.size
+
+    def _settle_open_end(self, table: FrameTable, frame: int, length: int) -> None:
+        """The open-ended last frame turned out to hold ``length`` bytes (its stream ended there,
+        checksum verified)."""
+        with self._table_lock:
+            if table.open_end and frame == len(table) - 1:
+                logger.debug("%s: the last frame holds %d bytes", self.path, length)
+                table.decomp_sizes[frame] = length
+                table.open_end = False
+                self._verified.add(frame)
 
     def export_seek_points(self, writer: SeekPointWriter) -> None:
         table = self.frames
         self._verify_large_frames(table)
+        assert not table.open_end, "the last frame's size is settled by decoding it to its end"
         writer.put_seek_points(self.backend_name, self.seek_point_blobs(table, self.compressed_size))
 
     @classmethod
@@ -414,9 +433,11 @@ class FramedReader(CompressedReader):
 
                     cursor.stream = ReadAheadStream(cursor.stream)
                     cursor.ahead = True
+                ended = False
                 while cursor.position < position:  # skip forward, in bounded steps
                     skipped = cursor.stream.read(min(position - cursor.position, 1 << 20))
                     if not skipped:
+                        ended = True
                         break
                     cursor.position += len(skipped)
                 pieces = []
@@ -424,14 +445,21 @@ class FramedReader(CompressedReader):
                 while remaining > 0:
                     data = cursor.stream.read(remaining)
                     if not data:
+                        ended = True
                         break
                     pieces.append(data)
                     remaining -= len(data)
                     cursor.position += len(data)
-                if cursor.position == length:
+                if not ended and cursor.position == length:
                     if cursor.stream.read(1):  # reading past the end verifies the checksum
                         raise CorruptDataError(f"{self.path}: {self.format_name} frame {frame} is longer than indexed")
-                    self._verified.add(frame)
+                    ended = True
+                if ended:
+                    if table.open_end and frame == len(table) - 1:
+                        self._settle_open_end(table, frame, cursor.position)
+                        size = min(size, max(0, cursor.position - position))
+                    if cursor.position == table.decomp_sizes[frame]:
+                        self._verified.add(frame)
                     cursor.close()
             result = b"".join(pieces)
             if len(result) != size:
@@ -452,8 +480,10 @@ class FramedReader(CompressedReader):
             position = max(ahead, default=0)
             while position < length:
                 step = min(length - position, 4 << 20)
-                self._stream_read(frame, position, step, table)
-                position += step
+                got = len(self._stream_read(frame, position, step, table))
+                position += got
+                if got < step:
+                    break  # the open end, settled at its true size
 
     def close(self) -> None:
         try:

@@ -27,6 +27,8 @@ _DICT_ID_BYTES = (0, 1, 2, 4)
 _FCS_BYTES = (0, 2, 4, 8)
 #: Output per step when a frame is measured.
 STEP = 4 << 20
+#: The most a zstd block decompresses to (the format's Block_Maximum_Size).
+BLOCK_MAX = 128 * 1024
 
 
 def _zstd_error() -> Tuple[type, ...]:
@@ -110,19 +112,31 @@ class ZstdReader(FramedReader):
                 header_size, content_size, has_checksum = parse_frame_header(head)
             except ValueError as exc:
                 raise CorruptDataError(f"{self.path}: corrupt zstd frame header at byte {position} ({exc})") from None
-            frame_end = self._walk_blocks(position + header_size) + (4 if has_checksum else 0)
+            frame_end, blocks = self._walk_blocks(position + header_size)
+            frame_end += 4 if has_checksum else 0
             if frame_end > end_of_file:
                 raise TruncatedArchiveError(
                     f"{self.path}: zstd data is truncated (the frame at byte {position} ends after the file)"
                 )
+            if content_size is None and frame_end == end_of_file and frame_end - position > self.whole_frame_limit:
+                # The last frame, too large to cache (so it will be streamed anyway): instead of
+                # decoding it once just to measure it, give it an upper bound (every block holds
+                # at most 128 KiB) that the first stream to reach its end replaces by its size.
+                # `tar -I zstd -cf` writes such files (zstd reading a pipe): their first mount
+                # decoded everything twice.
+                table.append(position, frame_end - position, max(1, blocks) * BLOCK_MAX)
+                table.open_end = True
+                break
             if content_size is None:
                 content_size = self._measure_frame(position, frame_end - position, keep=not table)
             table.append(position, frame_end - position, content_size)
             position = frame_end
         return table
 
-    def _walk_blocks(self, position: int) -> int:
-        """Offset after the last block of the frame whose first block header is at ``position``."""
+    def _walk_blocks(self, position: int) -> Tuple[int, int]:
+        """Offset after the last block of the frame whose first block header is at ``position``,
+        and the number of blocks."""
+        blocks = 0
         while True:
             header = self.raw_pread(position, 3)
             if len(header) < 3:
@@ -132,8 +146,9 @@ class ZstdReader(FramedReader):
             if block_type == 3:
                 raise CorruptDataError(f"{self.path}: corrupt zstd block header at byte {position}")
             position += 3 + (1 if block_type == 1 else block_size)
+            blocks += 1
             if last:
-                return position
+                return position, blocks
 
     def _measure_frame(self, offset: int, length: int, keep: bool) -> int:
         """Decompress a frame without a content size once (verifying it) to learn its size.
