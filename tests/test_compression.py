@@ -883,3 +883,21 @@ def test_corrupt_open_ended_frame_fails_the_first_mount(
     with pytest.raises((CorruptDataError, ArchiveError)):
         ratarmountcore.open(str(archive), options()).close()
     assert not list(tmp_path.glob("*.index.sqlite*"))
+
+
+def test_open_ended_frame_read_past_its_end_from_many_threads(
+    large_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ZstdReader, "whole_frame_limit", 1 << 20)
+    plain = large_tar.read_bytes()
+    archive = tmp_path / "piped.tar.zst"
+    archive.write_bytes(_zstd_without_content_size(plain, 1 << 30))
+    for _ in range(3):
+        raw = PlainFileReader(str(archive))
+        with open_compressed(str(archive), raw, FormatId.ZSTD, CompressionOptions()) as reader:
+            assert reader.frames.open_end  # type: ignore[attr-defined]
+            offsets = [len(plain) - 700 - 100 * i for i in range(6)]
+            with ThreadPoolExecutor(6) as pool:
+                results = list(pool.map(lambda o: reader.pread(o, 50_000), offsets))
+            assert results == [plain[o:] for o in offsets]
+            assert reader.size == len(plain)

@@ -457,9 +457,11 @@ class FramedReader(CompressedReader):
                 if ended:
                     if table.open_end and frame == len(table) - 1:
                         self._settle_open_end(table, frame, cursor.position)
-                        size = min(size, max(0, cursor.position - position))
                     if cursor.position == table.decomp_sizes[frame]:
                         self._verified.add(frame)
+                        # A read sized by the open end's bound (maybe before another thread
+                        # settled it) gets what there is.
+                        size = min(size, max(0, cursor.position - position))
                     cursor.close()
             result = b"".join(pieces)
             if len(result) != size:
