@@ -122,6 +122,11 @@ def compress(src: Path, kind: str) -> Path:
         need("zstd")
         dst = src.with_name(src.name + ".zst")
         run("zstd", "-q", "-f", "-3", str(src), "-o", str(dst))
+    elif kind == "zst-cli-pipe":  # like `tar -I zstd -cf`: zstd reads a pipe, no content size
+        need("zstd")
+        dst = src.with_name(src.name + ".pipe.zst")
+        with open(src, "rb") as source, open(dst, "wb") as out:
+            subprocess.run(["zstd", "-q", "-3", "-c"], stdin=source, stdout=out, check=True)
     elif kind == "zst-python-frames":
         import zstandard
 
@@ -175,6 +180,7 @@ KINDS = [
     "bz2-cli",
     "bz2-python",
     "zst-cli",
+    "zst-cli-pipe",
     "zst-python-frames",
     "xz-cli",
     "xz-cli-blocks",
@@ -313,7 +319,10 @@ def split_kind(kind: str) -> Tuple[str, OpenOptions]:
     return kind, options(gzip_backend=backend or None)
 
 
-DAMAGE_KINDS = ["gz-cli", "gz-cli@indexed_gzip", "gz-python-multimember@indexed_gzip", "bz2-cli", "zst-cli", "xz-cli"]
+DAMAGE_KINDS = [
+    "gz-cli", "gz-cli@indexed_gzip", "gz-python-multimember@indexed_gzip",
+    "bz2-cli", "zst-cli", "zst-cli-pipe", "xz-cli",
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", [*DAMAGE_KINDS, "zst-python-frames", "xz-cli-blocks"])
