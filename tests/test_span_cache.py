@@ -168,21 +168,26 @@ def test_all_caches_of_the_process_share_one_bound(monkeypatch: pytest.MonkeyPat
     assert spans._PROCESS.bytes == 0
 
 
+def one_member_tar_gz(path: Path, data: bytes) -> Path:
+    """``path``: a .tar.gz holding ``data`` as ``big.bin``."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("big.bin")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    path.write_bytes(gzip.compress(buffer.getvalue(), compresslevel=1))
+    return path
+
+
 @pytest.mark.parametrize("backend", ["rapidgzip", "indexed_gzip"])
 def test_large_reads_bypass_the_cache_and_decode_into_the_buffer(tmp_path: Path, backend: str) -> None:
     """A read of DIRECT_READ_MIN bytes or more (a large member through the kernel's read-ahead)
     decodes straight into the caller's buffer: right bytes, nothing added to the span cache."""
     from ratarmountcore.compression.pooled import DIRECT_READ_MIN
 
-    archive = tmp_path / "a.tar.gz"
     rng = random.Random(9)
     big = bytes(rng.getrandbits(8) for _ in range(300_000)) + b"y" * 700_000
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        info = tarfile.TarInfo("big.bin")
-        info.size = len(big)
-        tar.addfile(info, io.BytesIO(big))
-    archive.write_bytes(gzip.compress(buffer.getvalue(), compresslevel=1))
+    archive = one_member_tar_gz(tmp_path / "a.tar.gz", big)
     compression = CompressionOptions(gzip_backend=backend, seek_point_spacing=64 * 1024, parallelization=1)
     opts = OpenOptions(index=IndexOptions(progress=False), compression=compression)
     with ratarmountcore.open(str(archive), opts):
@@ -216,21 +221,14 @@ def test_span_misses_use_single_threaded_decoders_and_large_reads_parallel_ones(
     from ratarmountcore.compression.gzip import RapidgzipReader
     from ratarmountcore.compression.pooled import DIRECT_READ_MIN
 
-    archive = tmp_path / "a.tar.gz"
     rng = random.Random(3)
     big = bytes(rng.getrandbits(8) for _ in range(400_000))
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        info = tarfile.TarInfo("big.bin")
-        info.size = len(big)
-        tar.addfile(info, io.BytesIO(big))
-    archive.write_bytes(gzip.compress(buffer.getvalue(), compresslevel=1))
+    archive = one_member_tar_gz(tmp_path / "a.tar.gz", big)
     compression = CompressionOptions(gzip_backend="rapidgzip", seek_point_spacing=64 * 1024, parallelization=2)
     opts = OpenOptions(index=IndexOptions(progress=False), compression=compression)
     with ratarmountcore.open(str(archive), opts):
         pass
     made: List[int] = []
-    made_default: List[int] = []
     original = RapidgzipReader._open_decoder
 
     def recording(self: RapidgzipReader, raw, threads: int):  # type: ignore[no-untyped-def]
@@ -250,13 +248,8 @@ def test_span_misses_use_single_threaded_decoders_and_large_reads_parallel_ones(
 
     # With -P left at its default, rapidgzip's parallel decoders run two threads per core.
     default = OpenOptions(index=IndexOptions(progress=False), compression=CompressionOptions(gzip_backend="rapidgzip"))
-
-    def recording_default(self: RapidgzipReader, raw, threads: int):  # type: ignore[no-untyped-def]
-        made_default.append(threads)
-        return original(self, raw, threads)
-
-    monkeypatch.setattr(RapidgzipReader, "_open_decoder", recording_default)
+    made.clear()
     with ratarmountcore.open(str(archive), default) as src:
         member = src.open_info(src.info("/big.bin"))
         assert member.preadinto(0, large) == DIRECT_READ_MIN and bytes(large) == big[:DIRECT_READ_MIN]
-    assert made_default[-1] == 2 * (os.cpu_count() or 1)
+    assert made[-1] == 2 * (os.cpu_count() or 1)
