@@ -73,3 +73,20 @@ def test_close_stops_a_thread_blocked_on_a_full_queue() -> None:
     stream.close()
     assert source.closed and threading.active_count() == before
     assert source.reads < 10  # it stopped after a few pieces, not at the end of 10 MB
+
+
+def test_skip_drops_exactly_what_it_says() -> None:
+    rng = random.Random(5)
+    data = rng.randbytes(40_000)
+    stream = ReadAheadStream(Source(data, step=777), piece=1000, depth=2)
+    position = 0
+    while position < len(data):
+        skipped = stream.skip(rng.choice([0, 1, 999, 3000]))
+        position += skipped
+        chunk = stream.read(rng.choice([1, 500, 2000]))
+        assert chunk == data[position : position + len(chunk)]
+        position += len(chunk)
+        if not skipped and not chunk:
+            break
+    assert position == len(data) and stream.skip(10) == 0
+    stream.close()

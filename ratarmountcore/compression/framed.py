@@ -104,6 +104,10 @@ class FrameStream:
     def read(self, size: int) -> bytes:
         raise NotImplementedError
 
+    def skip(self, size: int) -> int:
+        """Decode and drop up to ``size`` bytes (fewer only at the frame end); how many."""
+        return len(self.read(size))
+
     def close(self) -> None:
         pass
 
@@ -435,11 +439,11 @@ class FramedReader(CompressedReader):
                     cursor.ahead = True
                 ended = False
                 while cursor.position < position:  # skip forward, in bounded steps
-                    skipped = cursor.stream.read(min(position - cursor.position, 1 << 20))
+                    skipped = cursor.stream.skip(min(position - cursor.position, 1 << 20))
                     if not skipped:
                         ended = True
                         break
-                    cursor.position += len(skipped)
+                    cursor.position += skipped
                 pieces = []
                 remaining = size if cursor.position == position else 0
                 while remaining > 0:

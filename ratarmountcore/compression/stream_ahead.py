@@ -59,20 +59,25 @@ class ReadAheadStream(FrameStream):
                 continue
         return False
 
+    def _fill(self) -> bool:
+        """Make sure a decoded piece is at hand; False at the end of the frame."""
+        if self._current:
+            return True
+        if self._done:
+            return False
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        if not item:
+            self._done = True
+            return False
+        self._current = memoryview(item)
+        return True
+
     def read(self, size: int) -> bytes:
         pieces: List[bytes] = []
-        while size > 0:
-            if not self._current:
-                if self._done:
-                    break
-                item = self._queue.get()
-                if isinstance(item, BaseException):
-                    self._done = True
-                    raise item
-                if not item:
-                    self._done = True
-                    break
-                self._current = memoryview(item)
+        while size > 0 and self._fill():
             current = self._current
             if size >= len(current) and len(current) == len(current.obj):  # type: ignore[arg-type]
                 pieces.append(current.obj)  # type: ignore[arg-type] # a whole piece: no copy
@@ -83,6 +88,14 @@ class ReadAheadStream(FrameStream):
             self._current = current[taken:]
             size -= taken
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def skip(self, size: int) -> int:
+        done = 0
+        while done < size and self._fill():
+            taken = min(size - done, len(self._current))
+            self._current = self._current[taken:]
+            done += taken
+        return done
 
     def close(self) -> None:
         self._stop.set()
