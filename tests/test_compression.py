@@ -910,3 +910,25 @@ def test_open_ended_frame_read_past_its_end_from_many_threads(
                 results = list(pool.map(lambda o: reader.pread(o, 50_000), offsets))
             assert results == [plain[o:] for o in offsets]
             assert reader.size == len(plain)
+
+
+def test_read_sized_by_the_open_end_after_another_thread_settled_it(
+    large_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read whose bound came from the open end's upper bound, but which runs after the size
+    was settled, returns what there is (nothing, past the end) instead of failing."""
+    from ratarmountcore.compression import framed
+
+    monkeypatch.setattr(ZstdReader, "whole_frame_limit", 1 << 20)
+    plain = large_tar.read_bytes()
+    archive = tmp_path / "piped.tar.zst"
+    archive.write_bytes(_zstd_without_content_size(plain, 1 << 30))
+    raw = PlainFileReader(str(archive))
+    with open_compressed(str(archive), raw, FormatId.ZSTD, CompressionOptions()) as reader:
+        assert isinstance(reader, framed.FramedReader)
+        bound = reader.frames.size
+        assert reader.frames.open_end and bound > len(plain)
+        assert reader.pread(len(plain) - 10, 100) == plain[-10:]  # settles it
+        monkeypatch.setattr(framed.FrameTable, "size", property(lambda _self: bound))  # as seen before
+        assert reader.pread(len(plain) + 100, 50) == b""
+        assert reader.pread(len(plain) - 20, 50) == plain[-20:]

@@ -335,11 +335,13 @@ class FramedReader(CompressedReader):
             self._decode_ahead(table, last + 1)
         self._last_frame = last
         position = offset
-        while position < end:
+        while position < end and frame < len(table):
             start = table.decomp_offsets[frame]
             length = table.decomp_sizes[frame]
             lo = position - start
             hi = min(end - start, length)
+            if lo >= hi:
+                break  # past the end of an open-ended frame that another thread just settled
             if length <= self.whole_frame_limit:
                 data = self._cached_frame(frame, table)
                 # One copy of the part wanted (frames may be cached as bytearray: never hand one out).
