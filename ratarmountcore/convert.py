@@ -265,6 +265,7 @@ def convert_to_seekable_zstd(
         compressed: Optional[CompressedReader] = None
         if fmt in COMPRESSIONS:
             compressed = open_compressed(src_path, plain, fmt, options.compression)
+            compressed.expect_sequential_reads()
             source = compressed
             layout = "tar" if sniff_bytes(compressed.head(512)) is FormatId.TAR else "single_file"
         elif fmt is FormatId.TAR:

@@ -932,3 +932,19 @@ def test_read_sized_by_the_open_end_after_another_thread_settled_it(
         monkeypatch.setattr(framed.FrameTable, "size", property(lambda _self: bound))  # as seen before
         assert reader.pread(len(plain) + 100, 50) == b""
         assert reader.pread(len(plain) - 20, 50) == plain[-20:]
+
+
+def test_converting_a_single_frame_zstd_does_not_advise_converting_it(
+    large_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The converter reads its source once, start to end: the warning about slow random access
+    (which recommends the converter) is not shown; the same file opened for mounting shows it."""
+    monkeypatch.setattr(ZstdReader, "whole_frame_limit", 1 << 20)
+    source = tmp_path / "piped.tar.zst"
+    source.write_bytes(_zstd_without_content_size(large_tar.read_bytes(), 1 << 30))
+    with caplog.at_level(logging.WARNING, logger="ratarmountcore"):
+        convert_to_seekable_zstd(str(source), str(tmp_path / "out.tar.zst"), frame_size=1 << 20, options=options())
+    assert not [r for r in caplog.records if "random access" in r.getMessage()]
+    with caplog.at_level(logging.WARNING, logger="ratarmountcore"):
+        ratarmountcore.open(str(source), options()).close()
+    assert [r for r in caplog.records if "random access" in r.getMessage()]

@@ -228,6 +228,11 @@ class CompressedReader(ABC):
     def size(self) -> int:
         """Decompressed size. Without imported seek points this may decompress the whole file."""
 
+    def expect_sequential_reads(self) -> None:
+        """The caller reads the stream once from start to end (a conversion): advice about
+        random access does not apply."""
+        return None
+
     #: Whether ``suggest_member_size`` is worth a look at the first members before a scan.
     wants_member_size: ClassVar[bool] = False
 

@@ -272,6 +272,9 @@ class FramedReader(CompressedReader):
                 self.multi_frame_hint,
             )
 
+    def expect_sequential_reads(self) -> None:
+        self._warned = True  # the warnings about slow random access would only confuse
+
     def seed_frame(self, frame: int, data: FrameData) -> None:
         """Put a frame the backend decoded and verified whole while building the table into
         the cache, so that the first read of it does not decode it again."""
