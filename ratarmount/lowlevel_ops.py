@@ -22,7 +22,8 @@ import os
 import threading
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
-from ratarmountcore.sources.base import FileInfo, MountSource
+from ratarmountcore.index.folder_rows import RecentFolders
+from ratarmountcore.sources.base import VERSIONS_SUFFIX, FileInfo, MountSource
 
 from . import kernel_abi as abi
 from .inodes import ROOT_ID, InodeTable, StaleNodeError
@@ -43,12 +44,8 @@ ENTRY_CACHE = 1024
 REPLY_CACHE_ENTRIES = 1024
 #: Folders with more entries than this are looked up entry by entry.
 REPLY_FOLDER_MAX = 512
-#: A lookup in one of the last this many distinct folders counts as a run there.
-RECENT_FOLDERS = 2
 #: Folders (cached or marked as not cacheable) remembered at most.
 REPLY_FOLDERS_MAX = 256
-#: Names of pseudo entries (``PATH.versions``), which listings leave out.
-VERSIONS_SUFFIX = b".versions"
 #: Inode number in listings of entries that have none (readdir must not report 0).
 UNKNOWN_INO = 0xFFFFFFFF
 
@@ -92,7 +89,7 @@ class LowLevelOperations:
         )
         self._replies_lock = threading.Lock()
         self._reply_count = 0
-        self._recent_parents: List[int] = []
+        self._recent_parents = RecentFolders()
         self._negative = abi.entry_out(0, abi.NEGATIVE_ATTR, self._timeout)
 
     def _lookup_ino(self, ino: int) -> Optional[Tuple[str, Entry]]:
@@ -155,14 +152,9 @@ class LowLevelOperations:
             if not name.endswith(VERSIONS_SUFFIX):  # pseudo entries are not listed
                 return self._negative
         elif self._stable and self.source.is_immutable:
-            parents = self._recent_parents
-            if parent in parents:
+            if self._recent_parents.again(parent):
                 self._load_replies(parent)
                 return self.lookup(parent, name)
-            else:
-                parents.append(parent)
-                if len(parents) > RECENT_FOLDERS:
-                    del parents[0]
         return self._lookup_slow(parent, name)
 
     def _lookup_slow(self, parent: int, name: bytes) -> bytes:

@@ -28,7 +28,7 @@ from .errors import ArchiveError, NotFoundError, RatarmountError, UnsupportedFor
 from .formats import COMPRESSIONS, FormatId, sniff_bytes
 from .index.fingerprint import ArchiveStats, archive_stats
 from .index.locations import candidate_paths, folder_writable
-from .index.sqlite_index import IndexWriter, written_by_us
+from .index.sqlite_index import IndexWriter, foreign_file
 from .io.readers import PlainFileReader, RandomAccessReader
 from .options import OpenOptions
 from .progress import Progress
@@ -207,7 +207,7 @@ class TeeReader:
 
 def _index_target(dst_path: str, options: OpenOptions) -> Optional[str]:
     for target in candidate_paths(dst_path, options.index):
-        if os.path.lexists(target) and not written_by_us(target):
+        if foreign_file(target):
             continue  # another program's file: never overwritten
         if folder_writable(target):
             return target

@@ -297,7 +297,6 @@ class FramedReader(CompressedReader):
                 logger.debug("%s: the last frame holds %d bytes", self.path, length)
                 table.decomp_sizes[frame] = length
                 table.open_end = False
-                self._verified.add(frame)
 
     def export_seek_points(self, writer: SeekPointWriter) -> None:
         table = self.frames

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from abc import abstractmethod
-from typing import Any, Callable, ClassVar, List, Optional, Union
+from typing import Any, Callable, ClassVar, List, Optional, Tuple, Union
 
 from ..options import CompressionOptions
 from .base import (
@@ -117,6 +117,9 @@ class PooledReader(CompressedReader):
         self._spans = optional_cache(starts, self._size, self.options.cache_size)
 
     # --- pool ---------------------------------------------------------------------------------
+    def _pools(self) -> Tuple[InstancePool[Any], ...]:
+        return (self._pool,) if self._span_pool is self._pool else (self._pool, self._span_pool)
+
     def _new_slot(self, threads: int, coarse: bool = False, scans: bool = False) -> Slot[Any]:
         """A decoder with ``threads`` threads (``_scan_threads`` when it ``scans`` a stream whose
         seek points are not known yet), given the coarse seek points when ``coarse``."""
@@ -261,15 +264,13 @@ class PooledReader(CompressedReader):
 
         self._payload_loader = load
         # Decoders made before the import (if any) lack the seek points: drop them.
-        self._pool.retire_idle(lambda s: not s.complete)
-        if self._span_pool is not self._pool:
-            self._span_pool.retire_idle(lambda s: not s.complete)
+        for pool in self._pools():
+            pool.retire_idle(lambda s: not s.complete)
 
     def close(self) -> None:
         try:
-            self._pool.close()
-            if self._span_pool is not self._pool:
-                self._span_pool.close()
+            for pool in self._pools():
+                pool.close()
             spans = self._spans
             if spans is not None:
                 logger.debug(

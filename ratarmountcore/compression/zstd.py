@@ -13,6 +13,7 @@ cacheable frames are verified before any of their bytes is returned.
 
 from __future__ import annotations
 
+import mmap
 import threading
 from typing import Any, ClassVar, Optional, Tuple
 
@@ -176,8 +177,6 @@ class ZstdReader(FramedReader):
         ``zstd`` from a pipe writes one such frame; 10,000-file .tar.zst: first mount -12%).
         The output goes straight into an anonymous mapping that is trimmed or dropped at the end.
         """
-        import mmap
-
         stream = _ZstdFrameStream(self.open_raw(offset, offset + length))
         limit = self.whole_frame_limit
         out: Optional[mmap.mmap] = mmap.mmap(-1, limit + 1) if keep else None

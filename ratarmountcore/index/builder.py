@@ -21,7 +21,7 @@ from ..errors import IndexNotWritableError, InvalidIndexError, StaleIndexError
 from ..options import IndexOptions
 from .fingerprint import ArchiveStats
 from .locations import candidate_paths, folder_writable
-from .sqlite_index import IndexReader, IndexWriter, written_by_us
+from .sqlite_index import IndexReader, IndexWriter, foreign_file, written_by_us
 
 logger = logging.getLogger(__name__)
 
@@ -30,22 +30,29 @@ BuildFunction = Callable[[IndexWriter], None]
 
 
 def _try_open(path: str, stats: ArchiveStats, build_options: Dict[str, str]) -> Optional[IndexReader]:
-    if not written_by_us(path):
-        logger.debug("%s is not an index of ours", path)
-        return None
+    # Whose file it is matters only when it cannot be used: a valid index opens with one
+    # connection, as before (mount start-up).
     try:
         reader = IndexReader(path)
     except InvalidIndexError as exc:
-        logger.warning("Ignoring %s: %s", path, exc)
+        _report_unusable(path, f"Ignoring {path}: {exc}")
         return None
     try:
         reader.validate(stats)
         reader.check_options(build_options)
     except StaleIndexError as exc:
         reader.close()
-        logger.warning("Index %s does not match the archive (%s); it will be rebuilt", path, exc)
+        _report_unusable(path, f"Index {path} does not match the archive ({exc}); it will be rebuilt")
         return None
     return reader
+
+
+def _report_unusable(path: str, message: str) -> None:
+    """A warning for an index of ours; another program's file is left alone (see below)."""
+    if written_by_us(path):
+        logger.warning("%s", message)
+    else:
+        logger.debug("%s is not an index of ours", path)
 
 
 def open_or_build(
@@ -67,7 +74,7 @@ def open_or_build(
 
     foreign: List[str] = []
     for target in candidates:
-        if os.path.lexists(target) and not written_by_us(target):
+        if foreign_file(target):
             foreign.append(target)
             continue
         if not folder_writable(target):

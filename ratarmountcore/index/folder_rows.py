@@ -18,12 +18,31 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Hashable, List, Optional
 
 from .sqlite_index import Row
 
 #: How many of the last distinct folders looked up count as "recent" (see the module docstring).
 RECENT_FOLDERS = 2
+
+
+class RecentFolders:
+    """The last ``RECENT_FOLDERS`` distinct folders looked up in: ``again(folder)`` tells whether
+    a lookup there continues a run (and remembers the folder otherwise). Callers serialize."""
+
+    def __init__(self) -> None:
+        self._recent: List[Hashable] = []
+
+    def again(self, folder: Hashable) -> bool:
+        recent = self._recent
+        if folder in recent:
+            return True
+        recent.append(folder)
+        if len(recent) > RECENT_FOLDERS:
+            del recent[0]
+        return False
+
+
 #: Marks a folder too large to cache (or not worth it).
 _TOO_LARGE: Dict[bytes, Row] = {}
 
@@ -37,8 +56,8 @@ class FolderRows:
         self._lock = threading.Lock()
         self._folders: "collections.OrderedDict[bytes, Dict[bytes, Row]]" = collections.OrderedDict()
         self._rows = 0
-        #: The folders of the last lookups (newest last, distinct): another lookup in one of them loads it.
-        self._recent: List[bytes] = []
+        #: Another lookup in one of the folders of the last lookups loads it.
+        self._recent = RecentFolders()
         self.loads = 0
 
     def rows(self, parent: bytes) -> Optional[Dict[bytes, Row]]:
@@ -48,11 +67,7 @@ class FolderRows:
             if rows is not None:
                 self._folders.move_to_end(parent)
                 return rows if rows is not _TOO_LARGE else None
-            recent = self._recent
-            if parent not in recent:
-                recent.append(parent)
-                if len(recent) > RECENT_FOLDERS:
-                    del recent[0]
+            if not self._recent.again(parent):
                 return None
         loaded = self._load(parent, self.max_entries + 1)
         self.loads += 1

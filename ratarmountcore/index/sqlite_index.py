@@ -61,6 +61,11 @@ def written_by_us(path: str) -> bool:
         conn.close()
 
 
+def foreign_file(path: str) -> bool:
+    """Whether a file at ``path`` exists and is not an index of ours (so must not be replaced)."""
+    return os.path.lexists(path) and not written_by_us(path)
+
+
 def _sql(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 

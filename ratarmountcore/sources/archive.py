@@ -18,11 +18,10 @@ from ..io.readers import MemberFile, PlainFileReader, RandomAccessReader
 from ..options import CompressionOptions, OpenOptions
 from ..tar.indexing import NamespacedSeekPoints, index_tar, open_nested_compressed
 from ..tar.sample import typical_member_size
-from .base import FileInfo, MountSource
+from .base import VERSIONS_SUFFIX, FileInfo, MountSource
 
 logger = logging.getLogger(__name__)
 
-VERSIONS_SUFFIX = b".versions"
 #: Decompressed bytes looked at to tell small members from large ones before a first scan.
 SAMPLE_BYTES = 1024 * 1024
 

@@ -22,6 +22,9 @@ from ..errors import (
 )
 from ..io.readers import MemberFile
 
+#: Names of pseudo folders ``PATH.versions`` (every version of a member), which listings leave out.
+VERSIONS_SUFFIX = b".versions"
+
 
 class FileInfo(NamedTuple):
     """Metadata of one entry. A NamedTuple: immutable and cheap to build, which matters when a
