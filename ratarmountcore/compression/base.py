@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Dict, Iterator, List, Optional, Protocol, Sequ
 
 from ..errors import CorruptDataError, RatarmountError
 from ..formats import FormatId
+from ..io.readers import RandomAccessReader
 from ..options import CompressionOptions
 
 logger = logging.getLogger(__name__)
@@ -244,6 +245,16 @@ class CompressedReader(ABC):
     def head(self, size: int) -> bytes:
         """The first ``size`` decompressed bytes, without building any seek points if possible."""
         return self.pread(0, size)
+
+    def scan_reader(self) -> RandomAccessReader:
+        """What the first pass reads (from the start to the end, once), before
+        ``export_seek_points``: this reader, or one over a decoder elsewhere."""
+        return self
+
+    def check_scan(self) -> None:
+        """After a failed first pass: raise the decoder's own error if it had one (a scan may
+        have tripped over bytes that its decoder was about to reject)."""
+        return None
 
     # --- seek points ----------------------------------------------------------------------------
     @classmethod

@@ -238,6 +238,15 @@ class PooledReader(CompressedReader):
         with self._pool.acquire(None) as slot:
             return self._ensure_finished(slot)
 
+    def _use_seek_points(self, size: int, loader: Callable[[], bytes]) -> None:
+        """Complete seek points (from the index, or made by a first pass elsewhere): decoders
+        made from now on load them (``loader``), decoders made without them are dropped."""
+        self._size = size
+        self._end_checked = True
+        self._payload_loader = loader
+        for pool in self._pools():
+            pool.retire_idle(lambda s: not s.complete)
+
     def export_seek_points(self, writer: SeekPointWriter) -> None:
         with self._pool.acquire(None) as slot:
             size = self._ensure_finished(slot)
@@ -252,8 +261,6 @@ class PooledReader(CompressedReader):
         if found is None:
             return
         header, _payload = found
-        self._size = int(header["size"])
-        self._end_checked = True
         name = self.backend_name
 
         def load() -> bytes:
@@ -262,10 +269,7 @@ class PooledReader(CompressedReader):
                 raise ValueError("seek points disappeared from the index")
             return again[1]
 
-        self._payload_loader = load
-        # Decoders made before the import (if any) lack the seek points: drop them.
-        for pool in self._pools():
-            pool.retire_idle(lambda s: not s.complete)
+        self._use_seek_points(int(header["size"]), load)
 
     def close(self) -> None:
         try:

@@ -265,23 +265,25 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
             build_options["layout"] = "tar"
 
         def build(writer: IndexWriter) -> None:
-            total = stats.size if reader is plain else None
             if reader is not plain and compressed.wants_member_size:
                 typical = typical_member_size(compressed.head(SAMPLE_BYTES))
                 if typical is not None:
                     compressed.suggest_member_size(typical)
-            index_tar(
-                reader,
-                total,
-                writer,
-                path,
-                options.index.progress,
-                options.recursive,
-                options.compression,
-                plain.fd if reader is plain else None,
-            )
-            if reader is not plain:
-                compressed.export_seek_points(writer)
+            if reader is plain:
+                index_tar(
+                    plain, stats.size, writer, path, options.index.progress, options.recursive,
+                    options.compression, plain.fd,
+                )  # fmt: skip
+                return
+            try:
+                index_tar(
+                    compressed.scan_reader(), None, writer, path, options.index.progress, options.recursive,
+                    options.compression,
+                )  # fmt: skip
+            except RatarmountError:
+                compressed.check_scan()  # a failing decoder explains a damaged stream best
+                raise
+            compressed.export_seek_points(writer)
 
         index = open_or_build(path, stats, options.index, build_options, build, owner)
         if reader is not plain:
