@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import errno
 import threading
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, List, Sequence
 
 ROOT_ID = 1
 
@@ -63,15 +63,28 @@ class InodeTable:
         return node
 
     def forget(self, node: int, count: int) -> None:
+        with self._lock:
+            self._forget(node, count)
+
+    def forget_all(self, nodes: Sequence[int], counts: Sequence[int]) -> None:
+        """``forget`` for pairs of ``nodes`` and ``counts`` (a FORGET_MULTI batch). Ids below
+        ``first`` are not the table's (a stable source's inode numbers): skipped in bulk."""
+        first = self.first
+        pairs = [(node, count) for node, count in zip(nodes, counts) if node >= first]
+        if pairs:
+            with self._lock:
+                for node, count in pairs:
+                    self._forget(node, count)
+
+    def _forget(self, node: int, count: int) -> None:
         if node == ROOT_ID:
             return
-        with self._lock:
-            entry = self._nodes.get(node)
-            if entry is None:
-                return
-            left = entry[1] - count  # type: ignore[operator]
-            if left > 0:
-                entry[1] = left
-            else:
-                del self._nodes[node]
-                del self._ids[entry[0]]  # type: ignore[arg-type]
+        entry = self._nodes.get(node)
+        if entry is None:
+            return
+        left = entry[1] - count  # type: ignore[operator]
+        if left > 0:
+            entry[1] = left
+        else:
+            del self._nodes[node]
+            del self._ids[entry[0]]  # type: ignore[arg-type]

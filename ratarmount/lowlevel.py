@@ -284,9 +284,10 @@ class LowLevelFuse:
         def forget_multi(req: int, count: int, items: Any) -> None:
             pin()
             try:
-                for index in range(count):
-                    item = items[index]
-                    ops.forget(item.ino, item.nlookup)
+                # The array of (node, count) pairs as one view of u64s: no ctypes object per item.
+                flat = memoryview(ctypes.cast(items, ctypes.POINTER(ctypes.c_uint64 * (2 * count))).contents)
+                flat = flat.cast("B").cast("Q")
+                ops.forget_all(flat[0::2].tolist(), flat[1::2].tolist())
             finally:
                 lib.fuse_reply_none(req)
 

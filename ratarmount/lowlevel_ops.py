@@ -20,7 +20,7 @@ import itertools
 import logging
 import os
 import threading
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ratarmountcore.index.folder_rows import RecentFolders
 from ratarmountcore.sources.base import VERSIONS_SUFFIX, FileInfo, MountSource
@@ -212,6 +212,11 @@ class LowLevelOperations:
 
     def forget(self, node: int, count: int) -> None:
         self.nodes.forget(node, count)
+
+    def forget_all(self, nodes: Sequence[int], counts: Sequence[int]) -> None:
+        """A FORGET_MULTI batch. Dropping the kernel's caches (``drop_caches``, memory pressure)
+        forgets every node at once: 100,000 ids handled one by one held the GIL for ~0.1 s."""
+        self.nodes.forget_all(nodes, counts)
 
     @staticmethod
     def _attr(node: int, entry: Entry) -> bytes:

@@ -170,6 +170,51 @@ def test_pseudo_entries_get_counted_table_nodes(ops: LowLevelOperations) -> None
     assert info.value.errno == errno.ESTALE
 
 
+def test_forget_batches_count_table_nodes_and_skip_inode_numbers(ops: LowLevelOperations) -> None:
+    versions, _attrs = lookup(ops, ROOT_ID, b"top.versions")
+    lookup(ops, ROOT_ID, b"top.versions")
+    lookup(ops, ROOT_ID, b"top.versions")  # three references
+    own, _attrs = lookup(ops, ROOT_ID, b"a")  # a stable inode number: not in the table
+    assert own < STABLE_LIMIT
+    ops.forget_all([own, versions, ROOT_ID], [5, 2, 1])
+    assert ops.getattr(versions) and ops.getattr(own) and ops.getattr(ROOT_ID)
+    ops.forget_all([versions], [1])
+    with pytest.raises(OSError) as info:
+        ops.getattr(versions)
+    assert info.value.errno == errno.ESTALE
+
+
+class _RecordingLib:
+    """Stands in for libfuse in the glue's callbacks: records the replies."""
+
+    def __init__(self) -> None:
+        self.replies: List[str] = []
+
+    def fuse_reply_none(self, _req: int) -> None:
+        self.replies.append("none")
+
+
+def test_forget_multi_glue_hands_the_pairs_over(ops: LowLevelOperations) -> None:
+    """The FORGET_MULTI callback reads the C array of (node, count) pairs as it is."""
+    lowlevel = pytest.importorskip("ratarmount.lowlevel")
+    versions, _attrs = lookup(ops, ROOT_ID, b"top.versions")
+    lookup(ops, ROOT_ID, b"top.versions")
+    glue = lowlevel.LowLevelFuse.__new__(lowlevel.LowLevelFuse)
+    glue.lib, glue.ops, glue._pinned, glue._callbacks = _RecordingLib(), ops, set(), []
+    glue._local = None
+    table = glue._build_table()
+    forget_multi = lowlevel.FORGET_MULTI(table.forget_multi)
+    pairs = (lowlevel.ForgetData * 3)(
+        lowlevel.ForgetData(5, 7), lowlevel.ForgetData(versions, 1), lowlevel.ForgetData(ROOT_ID, 1)
+    )
+    forget_multi(None, 3, pairs)
+    assert ops.getattr(versions)  # one of two references left
+    forget_multi(None, 1, (lowlevel.ForgetData * 1)(lowlevel.ForgetData(versions, 1)))
+    with pytest.raises(OSError):
+        ops.getattr(versions)
+    assert glue.lib.replies == ["none", "none"]
+
+
 def test_union_sources_use_the_table(tmp_path: Path) -> None:
     first = make_tar(tmp_path / "first.tar")
     with tarfile.open(tmp_path / "second.tar", "w") as tar:
