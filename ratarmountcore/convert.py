@@ -32,6 +32,7 @@ from .index.sqlite_index import IndexWriter, foreign_file
 from .io.readers import PlainFileReader, RandomAccessReader
 from .options import OpenOptions
 from .progress import Progress
+from .tar.sample import tell_member_size
 from .tar.scanner import MemberRecord
 
 logger = logging.getLogger(__name__)
@@ -258,16 +259,17 @@ def convert_to_seekable_zstd(
     temp_path = f"{dst_path}.tmp-{uuid.uuid4().hex[:12]}"
     writer: Optional[IndexWriter] = None
     frames: Optional[FrameWriter] = None
+    compressed: Optional[CompressedReader] = None
     try:
         if plain.size == 0:
             raise ArchiveError(f"{src_path}: file is empty")
         fmt = sniff_bytes(plain.pread(0, 512))
-        compressed: Optional[CompressedReader] = None
         if fmt in COMPRESSIONS:
             compressed = open_compressed(src_path, plain, fmt, options.compression)
             compressed.expect_sequential_reads()
-            source = compressed
             layout = "tar" if sniff_bytes(compressed.head(512)) is FormatId.TAR else "single_file"
+            tell_member_size(compressed)
+            source = compressed.scan_reader()
         elif fmt is FormatId.TAR:
             layout = "tar"
         else:
@@ -294,16 +296,23 @@ def convert_to_seekable_zstd(
         bar = Progress(f"Converting {src_path}", plain.size, enabled=options.index.progress)
 
         def on_pull(position: int) -> None:
-            done = compressed.stats.compressed_bytes_read if compressed is not None else position
+            done = compressed.compressed_progress() if compressed is not None else position
             bar.update(min(done, plain.size))
 
         with open(temp_path, "wb") as out:
             frames = FrameWriter(out, frame_size, level, options.compression.threads())
             tee = TeeReader(source, frames.write, on_pull)
             try:
-                if layout == "tar":
-                    index_tar(tee, None, rows, src_path, False, options.recursive)
-                total = tee.drain()
+                try:
+                    if layout == "tar":
+                        index_tar(tee, None, rows, src_path, False, options.recursive)
+                    total = tee.drain()
+                except RatarmountError:
+                    if compressed is not None:
+                        compressed.check_scan()  # a failing decoder explains a damaged stream best
+                    raise
+                if compressed is not None:
+                    compressed.end_scan()
                 table = frames.finish()
             finally:
                 bar.close()
@@ -343,5 +352,7 @@ def convert_to_seekable_zstd(
             pass
         raise
     finally:
-        source.close()
+        if compressed is not None and source is not compressed:
+            source.close()  # the first pass's reader over a decoder elsewhere
+        (compressed or source).close()
         plain.close()

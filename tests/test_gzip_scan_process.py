@@ -21,12 +21,14 @@ import pytest
 
 import ratarmountcore
 from ratarmountcore.compression.gzip import RapidgzipReader
+from ratarmountcore.convert import convert_to_seekable_zstd
 from ratarmountcore.errors import CorruptDataError, RatarmountError, TruncatedArchiveError
 from ratarmountcore.options import IndexOptions, OpenOptions
 
 pytest.importorskip("rapidgzip")
 
 CHILD_LOG = "first pass by rapidgzip in process"
+OPTIONS = OpenOptions(index=IndexOptions(progress=False))
 
 
 @pytest.fixture(autouse=True)
@@ -66,7 +68,7 @@ def sample_members(count: int = 400, seed: int = 5) -> Dict[str, bytes]:
 
 
 def open_archive(path: Path) -> ratarmountcore.MountSource:
-    return ratarmountcore.open(str(path), OpenOptions(index=IndexOptions(progress=False)))
+    return ratarmountcore.open(str(path), OPTIONS)
 
 
 def read_all(source: ratarmountcore.MountSource, names: Iterator[str]) -> Dict[str, bytes]:
@@ -198,3 +200,30 @@ def test_child_that_cannot_start_falls_back_to_this_process(
         with open_archive(path) as source:
             assert read_all(source, iter(members)) == members
     assert "decoding in this process" in caplog.text
+
+
+def test_conversion_reads_through_the_child(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    members = sample_members(200, seed=6)
+    source = tmp_path / "in.tar.gz"
+    source.write_bytes(gzip_bytes(make_tar(members)))
+    out = tmp_path / "out.tar.zst"
+    with caplog.at_level(logging.DEBUG, logger="ratarmountcore.compression.scan_process"):
+        convert_to_seekable_zstd(str(source), str(out), frame_size=256 * 1024, options=OPTIONS)
+    assert CHILD_LOG in caplog.text
+    with ratarmountcore.open(str(out), OPTIONS) as converted:
+        assert read_all(converted, iter(members)) == members
+
+
+@pytest.mark.parametrize(
+    ("damage", "error"),
+    [(bad_crc, CorruptDataError), (lambda data: data[: len(data) * 2 // 3], TruncatedArchiveError)],
+    ids=["bad-crc", "truncated"],
+)
+def test_conversion_of_a_damaged_stream_fails_and_writes_nothing(tmp_path: Path, damage, error) -> None:  # type: ignore[no-untyped-def]
+    rng = random.Random(7)
+    members = {**{f"first/{i}": rng.randbytes(3000) for i in range(600)}, **sample_members(100, seed=7)}
+    source = tmp_path / "in.tar.gz"
+    source.write_bytes(damage(gzip_bytes(make_tar(members))))
+    with pytest.raises(error):
+        convert_to_seekable_zstd(str(source), str(tmp_path / "out.tar.zst"), options=OPTIONS)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.tar.gz", "tmp"]

@@ -251,6 +251,15 @@ class CompressedReader(ABC):
         ``export_seek_points``: this reader, or one over a decoder elsewhere."""
         return self
 
+    def compressed_progress(self) -> int:
+        """Compressed bytes read so far (for progress bars of a first pass)."""
+        return self.stats.compressed_bytes_read
+
+    def end_scan(self) -> None:
+        """After a pass that read the whole stream through ``scan_reader`` and stores no seek
+        points (a conversion): make sure the stream was complete and intact."""
+        return None
+
     def check_scan(self) -> None:
         """After a failed first pass: raise the decoder's own error if it had one (a scan may
         have tripped over bytes that its decoder was about to reject)."""

@@ -218,32 +218,45 @@ class RapidgzipReader(_GzipReader):
         self._process_scan = ProcessScan(process, self)
         return self._process_scan
 
-    def check_scan(self) -> None:
+    def compressed_progress(self) -> int:
         scan = self._process_scan
-        if scan is not None and scan.process is not None:
-            self._finish_scan(scan)  # raises the child's error, if it had one
-
-    def _finish_scan(self, scan: ProcessScan) -> Tuple[int, bytes]:
-        try:
-            return scan.finish()
-        except CorruptDataError:
-            # The child's messages are its decoder's internals, and it reports a truncated
-            # stream as bad data: one pass with zlib says which it is, in zlib's words.
-            self._verify_with_zlib()
-            raise
-
-    def export_seek_points(self, writer: SeekPointWriter) -> None:
-        scan, self._process_scan = self._process_scan, None
         if scan is None or scan.process is None:
-            if scan is not None:
-                scan.close()
-            super().export_seek_points(writer)
-            return
+            return super().compressed_progress()
+        return min(self.compressed_size, scan.process.compressed_read())
+
+    def end_scan(self) -> None:
+        self._end_process_scan()
+
+    def _end_process_scan(self) -> Optional[Tuple[int, bytes]]:
+        """Finish the child's pass (None if there was none): its decompressed size and seek
+        points, once it succeeded and the stream is known to be complete."""
+        scan, self._process_scan = self._process_scan, None
+        if scan is None:
+            return None
         try:
-            size, payload = self._finish_scan(scan)
+            if scan.process is None:
+                return None
+            try:
+                size, payload = scan.finish()
+            except CorruptDataError:
+                # The child's messages are its decoder's internals, and it reports a truncated
+                # stream as bad data: one pass with zlib says which it is, in zlib's words.
+                self._verify_with_zlib()
+                raise
         finally:
             scan.close()
         self._check_complete(size)
+        return size, payload
+
+    def check_scan(self) -> None:
+        self._end_process_scan()  # raises the child's error, if it had one
+
+    def export_seek_points(self, writer: SeekPointWriter) -> None:
+        done = self._end_process_scan()
+        if done is None:
+            super().export_seek_points(writer)
+            return
+        size, payload = done
         self._use_seek_points(size, lambda: payload)
         header = {"size": size, "compressed_size": self.compressed_size}
         writer.put_seek_points(self.backend_name, pack_seek_points(header, payload))

@@ -68,6 +68,7 @@ class DecoderProcess:
     def __init__(self, label: str, fd: int, threads: int, chunk_size: int) -> None:
         self.label = label
         self.position = 0
+        self._rchar_base: Optional[int] = None
         self._stderr: IO[bytes] = tempfile.TemporaryFile(prefix="ratarmount-rapidgzip-")
         handle, self._index_path = tempfile.mkstemp(prefix="ratarmount-seek-points-", suffix=".gzi")
         os.close(handle)
@@ -108,6 +109,25 @@ class DecoderProcess:
         except OSError:
             pass  # a smaller pipe only costs more wake-ups
         logger.debug("%s: first pass by rapidgzip in process %d (%d threads)", label, self._child.pid, threads)
+
+    def compressed_read(self) -> int:
+        """About how many compressed bytes the child has read (for progress bars): what it read
+        since its first output, from ``/proc/PID/io``; 0 when unknown."""
+        child = self._child
+        if child is None:
+            return 0
+        try:
+            with open(f"/proc/{child.pid}/io", "rb") as file:
+                text = file.read()
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            if line.startswith(b"rchar:"):
+                read = int(line.split()[1])
+                if self._rchar_base is None:
+                    self._rchar_base = read  # the interpreter's own files, read before decoding
+                return max(0, read - self._rchar_base)
+        return 0
 
     def readinto(self, view: memoryview) -> int:
         """Fill ``view`` with the next bytes; fewer only at the end of the stream. At the end,

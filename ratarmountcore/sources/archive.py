@@ -17,13 +17,10 @@ from ..index.sqlite_index import IndexReader, IndexWriter, Row, decode_int, enco
 from ..io.readers import MemberFile, PlainFileReader, RandomAccessReader
 from ..options import CompressionOptions, OpenOptions
 from ..tar.indexing import NamespacedSeekPoints, index_tar, open_nested_compressed
-from ..tar.sample import typical_member_size
+from ..tar.sample import tell_member_size
 from .base import VERSIONS_SUFFIX, FileInfo, MountSource
 
 logger = logging.getLogger(__name__)
-
-#: Decompressed bytes looked at to tell small members from large ones before a first scan.
-SAMPLE_BYTES = 1024 * 1024
 
 
 class ArchiveLocator(NamedTuple):
@@ -265,16 +262,13 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
             build_options["layout"] = "tar"
 
         def build(writer: IndexWriter) -> None:
-            if reader is not plain and compressed.wants_member_size:
-                typical = typical_member_size(compressed.head(SAMPLE_BYTES))
-                if typical is not None:
-                    compressed.suggest_member_size(typical)
             if reader is plain:
                 index_tar(
                     plain, stats.size, writer, path, options.index.progress, options.recursive,
                     options.compression, plain.fd,
                 )  # fmt: skip
                 return
+            tell_member_size(compressed)
             try:
                 index_tar(
                     compressed.scan_reader(), None, writer, path, options.index.progress, options.recursive,

@@ -8,12 +8,17 @@ relies on it.
 from __future__ import annotations
 
 import statistics
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from ..errors import CorruptHeaderError
 from .scanner import parse_number
 
+if TYPE_CHECKING:
+    from ..compression.base import CompressedReader
+
 BLOCK = 512
+#: Decompressed bytes looked at.
+SAMPLE_BYTES = 1024 * 1024
 #: Type flags of members that hold file data (regular files, contiguous files, old-style files).
 _DATA_TYPES = {b"0", b"\0", b"7"}
 
@@ -35,3 +40,12 @@ def typical_member_size(head: bytes, most: int = 200) -> Optional[int]:
             sizes.append(size)
         position += BLOCK + (size + BLOCK - 1) // BLOCK * BLOCK
     return int(statistics.median(sizes)) if sizes else None
+
+
+def tell_member_size(reader: "CompressedReader") -> None:
+    """Before a first pass: give a backend that asks for it the typical size of the members in
+    the first decompressed bytes."""
+    if reader.wants_member_size:
+        typical = typical_member_size(reader.head(SAMPLE_BYTES))
+        if typical is not None:
+            reader.suggest_member_size(typical)
