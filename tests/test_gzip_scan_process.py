@@ -181,12 +181,15 @@ def test_concatenated_members_are_complete(tmp_path: Path) -> None:
             assert file.read() == sample_members(80, seed=4)["d1/f1.bin"]
 
 
-@pytest.mark.parametrize("how", ["missing", "exits-100"])
+@pytest.mark.parametrize("how", ["missing", "exits-100", "frozen"])
 def test_child_that_cannot_start_falls_back_to_this_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, how: str
 ) -> None:
     if how == "missing":
         interpreter = str(tmp_path / "no-such-python")
+    elif how == "frozen":  # a bundled application: its executable would run the application
+        interpreter = sys.executable
+        monkeypatch.setattr(sys, "frozen", True, raising=False)
     else:
         script = tmp_path / "fake-python"
         script.write_text("#!/bin/sh\nexit 100\n")

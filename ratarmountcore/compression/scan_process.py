@@ -71,12 +71,15 @@ class DecoderProcess:
         self._rchar_base: Optional[int] = None
         if not hasattr(os, "memfd_create"):
             raise DecoderStartError("no memfd_create on this system")
+        if getattr(sys, "frozen", False) or not sys.executable:
+            # A bundled application's executable is the application, not an interpreter.
+            raise DecoderStartError(f"{sys.executable or 'this program'} cannot run Python code")
         # Both the child's messages and its seek points go to anonymous files: nothing is left
         # behind whatever happens, and no temporary folder has to be writable.
         self._stderr: IO[bytes] = tempfile.TemporaryFile(prefix="ratarmount-rapidgzip-")
         self._seek_points = os.memfd_create("ratarmount-seek-points", os.MFD_CLOEXEC)
         arguments = [
-            sys.executable or "python3",
+            sys.executable,
             "-c",
             _PROGRAM,
             "-d",
