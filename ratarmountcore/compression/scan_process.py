@@ -13,7 +13,7 @@ in-process decoder would export). The scan parses while the child decodes, on an
 Integrity is unchanged: the child verifies every CRC32 and exits non-zero on corrupt data, and
 the index is committed only after the child has exited successfully (bytes it sent before
 failing are never served: the failed build leaves no index). The child accepts a truncated
-stream silently; the reader checks the end itself (``_GzipReader._check_end``).
+stream silently; the reader checks the end itself (``_GzipReader._check_complete``).
 """
 
 from __future__ import annotations
