@@ -8,6 +8,7 @@ import io
 import logging
 import os
 import random
+import signal
 import sqlite3
 import stat
 import sys
@@ -20,6 +21,7 @@ from typing import Dict, Iterator
 import pytest
 
 import ratarmountcore
+from ratarmountcore.compression import scan_process
 from ratarmountcore.compression.gzip import RapidgzipReader
 from ratarmountcore.convert import convert_to_seekable_zstd
 from ratarmountcore.errors import CorruptDataError, RatarmountError, TruncatedArchiveError
@@ -230,3 +232,38 @@ def test_conversion_of_a_damaged_stream_fails_and_writes_nothing(tmp_path: Path,
     with pytest.raises(error):
         convert_to_seekable_zstd(str(source), str(tmp_path / "out.tar.zst"), options=OPTIONS)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.tar.gz", "tmp"]
+
+
+def test_a_killed_child_is_not_reported_as_corrupt_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    original = scan_process.DecoderProcess.__init__
+
+    def start_then_kill(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        original(self, *args, **kwargs)
+        os.kill(self._child.pid, signal.SIGKILL)
+
+    monkeypatch.setattr(scan_process.DecoderProcess, "__init__", start_then_kill)
+    path = tmp_path / "k.tar.gz"
+    path.write_bytes(gzip_bytes(make_tar(sample_members(100, seed=12))))
+    with pytest.raises(RatarmountError) as caught:
+        open_archive(path).close()
+    assert not isinstance(caught.value, CorruptDataError)
+    assert "killed by SIGKILL" in str(caught.value) and str(caught.value).startswith(str(path))
+    assert not [p for p in tmp_path.iterdir() if "index" in p.name]
+
+
+def test_the_child_ignores_ctrl_c(tmp_path: Path) -> None:
+    """Ctrl-C reaches the whole process group; only the parent may act on it."""
+    data = make_tar(sample_members(300, seed=13))
+    path = tmp_path / "c.gz"
+    path.write_bytes(gzip_bytes(data))
+    fd = os.open(path, os.O_RDONLY)
+    process = scan_process.DecoderProcess(str(path), fd, 1, 512 * 1024)
+    try:
+        first = bytearray(1000)
+        assert process.readinto(memoryview(first)) == 1000  # the child is decoding by now
+        os.kill(process._child.pid, signal.SIGINT)  # type: ignore[union-attr]
+        size, payload = process.finish()
+        assert size == len(data) and payload
+    finally:
+        process.close()
+        os.close(fd)

@@ -22,6 +22,7 @@ import fcntl
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,10 +36,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: The child: rapidgzip's command-line tool in this interpreter. Exit status 100 says that it
-#: could not start (rapidgzip cannot be imported there), not that the data is bad.
+#: The child: rapidgzip's command-line tool in this interpreter, deaf to Ctrl-C (the parent's
+#: KeyboardInterrupt ends it; it must not look like a decoding error first). Exit status 100
+#: says that it could not start (rapidgzip cannot be imported there), not that the data is bad.
 _PROGRAM = (
-    "import sys\n"
+    "import signal, sys\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"  # Ctrl-C is for the parent, which ends us
     "try:\n"
     "    import rapidgzip\n"
     "except ImportError:\n"
@@ -181,6 +184,9 @@ class DecoderProcess:
         lines = [line.strip() for line in self._stderr.read().decode("utf-8", "replace").splitlines() if line.strip()]
         if code == CANNOT_START:
             raise DecoderStartError(f"{self.label}: rapidgzip cannot be imported by {sys.executable}")
+        if code < 0:  # killed (the OOM killer, a user): says nothing about the data
+            name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+            raise RatarmountError(f"{self.label}: the decoding process {child.pid} was killed by {name}")
         reason = lines[-1] if lines else f"rapidgzip exited with status {code}"
         # The child's message is the last line of its traceback: "ValueError: Mismatching CRC32 ..."
         kind, _, rest = reason.partition(": ")
