@@ -267,3 +267,15 @@ def test_the_child_ignores_ctrl_c(tmp_path: Path) -> None:
     finally:
         process.close()
         os.close(fd)
+
+
+def test_no_memfd_means_decoding_in_this_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_args: object) -> int:
+        raise PermissionError(1, "Operation not permitted")  # e.g. a seccomp filter
+
+    monkeypatch.setattr(os, "memfd_create", refuse)
+    members = sample_members(50, seed=14)
+    path = tmp_path / "m.tar.gz"
+    path.write_bytes(gzip_bytes(make_tar(members)))
+    with open_archive(path) as source:
+        assert read_all(source, iter(members)) == members

@@ -79,8 +79,16 @@ class DecoderProcess:
             raise DecoderStartError(f"{sys.executable or 'this program'} cannot run Python code")
         # Both the child's messages and its seek points go to anonymous files: nothing is left
         # behind whatever happens, and no temporary folder has to be writable.
-        self._stderr: IO[bytes] = tempfile.TemporaryFile(prefix="ratarmount-rapidgzip-")
-        self._seek_points = os.memfd_create("ratarmount-seek-points", os.MFD_CLOEXEC)
+        self._seek_points = -1
+        try:
+            self._stderr: IO[bytes] = tempfile.TemporaryFile(prefix="ratarmount-rapidgzip-")
+        except OSError as exc:
+            raise DecoderStartError(f"no temporary file for the decoding process: {exc.strerror}") from None
+        try:
+            self._seek_points = os.memfd_create("ratarmount-seek-points", os.MFD_CLOEXEC)
+        except OSError as exc:
+            self._stderr.close()
+            raise DecoderStartError(f"no memfd for the decoding process: {exc.strerror}") from None
         arguments = [
             sys.executable,
             "-c",
