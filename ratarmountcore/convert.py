@@ -296,7 +296,7 @@ def convert_to_seekable_zstd(
         bar = Progress(f"Converting {src_path}", plain.size, enabled=options.index.progress)
 
         def on_pull(position: int) -> None:
-            done = compressed.compressed_progress() if compressed is not None else position
+            done = (compressed.compressed_progress() or 0) if compressed is not None else position
             bar.update(min(done, plain.size))
 
         with open(temp_path, "wb") as out:

@@ -4,6 +4,7 @@ would report it, nothing left behind, and a fall-back when the child cannot star
 
 from __future__ import annotations
 
+import bz2
 import io
 import logging
 import os
@@ -11,6 +12,7 @@ import random
 import signal
 import sqlite3
 import stat
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -279,3 +281,48 @@ def test_no_memfd_means_decoding_in_this_process(tmp_path: Path, monkeypatch: py
     path.write_bytes(gzip_bytes(make_tar(members)))
     with open_archive(path) as source:
         assert read_all(source, iter(members)) == members
+
+
+def progress_output(code: str) -> str:
+    """stderr of ``python -c code`` on a terminal."""
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        result = subprocess.run([sys.executable, "-c", code], stderr=slave, stdout=subprocess.PIPE, timeout=120)
+        os.close(slave)
+        output = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            output += chunk
+    finally:
+        os.close(master)
+    assert result.returncode == 0, output
+    return output.decode(errors="replace")
+
+
+@pytest.mark.parametrize("child", [True, False], ids=["child", "in-process"])
+def test_progress_of_a_tar_gz_is_a_share_of_the_compressed_file(tmp_path: Path, child: bool) -> None:
+    path = tmp_path / "p.tar.gz"
+    path.write_bytes(gzip_bytes(make_tar({f"d{i % 10}/f{i}": b"x" * (i % 50) for i in range(3000)})))
+    code = (
+        "import ratarmountcore\n"
+        "from ratarmountcore.compression.gzip import RapidgzipReader\n"
+        f"RapidgzipReader.scan_process_min = {0 if child else 1 << 62}\n"
+        f"ratarmountcore.open({str(path)!r}).close()\n"
+    )
+    text = progress_output(code)
+    assert "Indexing" in text and "members" in text and "%" in text, text
+
+
+def test_progress_of_a_tar_bz2_shows_what_was_decoded(tmp_path: Path) -> None:
+    """rapidgzip's bzip2 reader reads the whole file early: no share of it is shown."""
+    path = tmp_path / "p.tar.bz2"
+    path.write_bytes(bz2.compress(make_tar({f"d{i % 10}/f{i}": b"y" * (i % 50) for i in range(3000)})))
+    text = progress_output(f"import ratarmountcore\nratarmountcore.open({str(path)!r}).close()\n")
+    assert "Indexing" in text and "members" in text and "%" not in text, text

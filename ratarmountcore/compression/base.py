@@ -251,8 +251,9 @@ class CompressedReader(ABC):
         ``export_seek_points``: this reader, or one over a decoder elsewhere."""
         return self
 
-    def compressed_progress(self) -> int:
-        """Compressed bytes read so far (for progress bars of a first pass)."""
+    def compressed_progress(self) -> Optional[int]:
+        """Compressed bytes read so far, for progress bars of a first pass; None when what has
+        been read says little about how far decoding has come."""
         return self.stats.compressed_bytes_read
 
     def end_scan(self) -> None:

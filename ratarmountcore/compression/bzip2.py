@@ -32,6 +32,7 @@ class Bzip2Reader(PooledReader):
     backend_name: ClassVar[str] = "rapidgzip_bzip2"
     format_name: ClassVar[str] = "bzip2"
     format_id: ClassVar[FormatId] = FormatId.BZIP2
+    reads_in_step: ClassVar[bool] = False
 
     def _open_decoder(self, raw: Union[str, FdFile], threads: int) -> Any:
         import rapidgzip

@@ -218,7 +218,7 @@ class RapidgzipReader(_GzipReader):
         self._process_scan = ProcessScan(process, self)
         return self._process_scan
 
-    def compressed_progress(self) -> int:
+    def compressed_progress(self) -> Optional[int]:
         scan = self._process_scan
         if scan is None or scan.process is None:
             return super().compressed_progress()

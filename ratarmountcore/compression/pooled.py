@@ -14,6 +14,7 @@ import threading
 from abc import abstractmethod
 from typing import Any, Callable, ClassVar, List, Optional, Tuple, Union
 
+from ..io.proc_io import ReadCounter
 from ..options import CompressionOptions
 from .base import (
     CompressedReader,
@@ -45,6 +46,10 @@ class PooledReader(CompressedReader):
     #: speculatively decodes the spans after the one asked for; for reads all over the file
     #: that work is wasted (see ``docs/design.md``).
     span_decoder_threads: ClassVar[Optional[int]] = None
+    #: Whether the library reads the compressed file roughly as far as it has decoded (so that
+    #: the bytes read tell a first pass's progress); not so for rapidgzip's bzip2 reader, whose
+    #: block finder runs through the whole file early.
+    reads_in_step: ClassVar[bool] = True
     #: Threads per core of the parallel decoders when the user leaves ``-P`` at its default.
     default_oversubscription: ClassVar[int] = 1
 
@@ -57,6 +62,7 @@ class PooledReader(CompressedReader):
         self._finish_lock = threading.Lock()
         #: Decoded spans between seek points, once the seek points are known (see ``spans.py``).
         self._spans: Optional[SpanCache] = None
+        self._own_reads: Optional[ReadCounter] = None
         count = min(self.max_instances, max(1, options.threads()))
         threads = options.threads()
         if options.parallelization <= 0:
@@ -115,6 +121,16 @@ class PooledReader(CompressedReader):
         with self.data_errors():
             starts = self._span_starts(decoder)
         self._spans = optional_cache(starts, self._size, self.options.cache_size)
+
+    def compressed_progress(self) -> Optional[int]:
+        if not self.reads_in_step:
+            return None
+        if isinstance(self.library_source(), str):
+            # Decoders given a path read the file in C, past our counters: ask the kernel.
+            if self._own_reads is None:
+                self._own_reads = ReadCounter()
+            return min(self.compressed_size, self._own_reads())
+        return super().compressed_progress()
 
     # --- pool ---------------------------------------------------------------------------------
     def _pools(self) -> Tuple[InstancePool[Any], ...]:

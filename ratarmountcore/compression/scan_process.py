@@ -29,6 +29,7 @@ import tempfile
 from typing import IO, TYPE_CHECKING, Optional, Tuple
 
 from ..errors import CorruptDataError, RatarmountError
+from ..io.proc_io import ReadCounter
 from .base import data_errors
 
 if TYPE_CHECKING:
@@ -71,7 +72,6 @@ class DecoderProcess:
     def __init__(self, label: str, fd: int, threads: int, chunk_size: int) -> None:
         self.label = label
         self.position = 0
-        self._rchar_base: Optional[int] = None
         if not hasattr(os, "memfd_create"):
             raise DecoderStartError("no memfd_create on this system")
         if getattr(sys, "frozen", False) or not sys.executable:
@@ -125,26 +125,13 @@ class DecoderProcess:
             fcntl.fcntl(self._pipe, _SET_PIPE_SIZE, PIPE_SIZE)
         except OSError:
             pass  # a smaller pipe only costs more wake-ups
+        self._read_counter = ReadCounter(self._child.pid)
         logger.debug("%s: first pass by rapidgzip in process %d (%d threads)", label, self._child.pid, threads)
 
     def compressed_read(self) -> int:
         """About how many compressed bytes the child has read (for progress bars): what it read
-        since its first output, from ``/proc/PID/io``; 0 when unknown."""
-        child = self._child
-        if child is None:
-            return 0
-        try:
-            with open(f"/proc/{child.pid}/io", "rb") as file:
-                text = file.read()
-        except OSError:
-            return 0
-        for line in text.splitlines():
-            if line.startswith(b"rchar:"):
-                read = int(line.split()[1])
-                if self._rchar_base is None:
-                    self._rchar_base = read  # the interpreter's own files, read before decoding
-                return max(0, read - self._rchar_base)
-        return 0
+        since the first call, from ``/proc/PID/io``."""
+        return self._read_counter()
 
     def readinto(self, view: memoryview) -> int:
         """Fill ``view`` with the next bytes; fewer only at the end of the stream. At the end,

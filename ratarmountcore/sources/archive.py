@@ -272,7 +272,7 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
             try:
                 index_tar(
                     compressed.scan_reader(), None, writer, path, options.index.progress, options.recursive,
-                    options.compression,
+                    options.compression, compressed=(compressed.compressed_size, compressed.compressed_progress),
                 )  # fmt: skip
             except RatarmountError:
                 compressed.check_scan()  # a failing decoder explains a damaged stream best

@@ -20,7 +20,7 @@ import functools
 import logging
 import stat
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 from ..errors import ArchiveError, RatarmountError
 from ..formats import COMPRESSIONS, FormatId, sniff_bytes
@@ -107,13 +107,21 @@ def index_tar(
     recursive: bool,
     compression: Optional[CompressionOptions] = None,
     fd: Optional[int] = None,
+    compressed: Optional[Tuple[int, Callable[[], Optional[int]]]] = None,
 ) -> None:
     """Index the tar archive ``reader``; ``fd`` is the descriptor of the file when ``reader`` is
-    that file uncompressed (needed to descend into compressed archives inside it)."""
-    bar = Progress(f"Indexing {label}", size, enabled=progress)
-    ctx = _Context(
-        writer, label, lambda pos: bar.update(pos, ctx.count), recursive, compression or CompressionOptions(), fd
-    )
+    that file uncompressed (needed to descend into compressed archives inside it).
+    ``compressed``: the compressed size and how much of it has been read (None: unknown), for
+    the progress bar of a decompressed stream (whose own size is unknown until its end)."""
+    total, read = size, None
+    if compressed is not None and progress and compressed[1]() is not None:  # counting starts here
+        total, read = compressed
+    bar = Progress(f"Indexing {label}", total, enabled=progress)
+
+    def report(position: int) -> None:
+        bar.update((read() or 0) if read is not None else position, ctx.count)
+
+    ctx = _Context(writer, label, report, recursive, compression or CompressionOptions(), fd)
     try:
         _scan(ctx, reader, size, prefix="", base=0, depth=0, source=0)
     finally:
