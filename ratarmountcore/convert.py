@@ -293,11 +293,15 @@ def convert_to_seekable_zstd(
                 logger.warning("Cannot create an index at %s (%s); it will be built on the first mount", target, exc)
         rows: Any = writer if writer is not None else _NullWriter()
 
-        bar = Progress(f"Converting {src_path}", plain.size, enabled=options.index.progress)
+        # A share of the input where the compressed bytes read tell progress (the first call
+        # starts the count), else the decompressed bytes so far (bzip2).
+        share = compressed is None or compressed.compressed_progress() is not None
+        bar = Progress(f"Converting {src_path}", plain.size if share else None, enabled=options.index.progress)
 
         def on_pull(position: int) -> None:
-            done = (compressed.compressed_progress() or 0) if compressed is not None else position
-            bar.update(min(done, plain.size))
+            if compressed is not None and share:
+                position = min(compressed.compressed_progress() or 0, plain.size)
+            bar.update(position)
 
         with open(temp_path, "wb") as out:
             frames = FrameWriter(out, frame_size, level, options.compression.threads())

@@ -34,6 +34,7 @@ class Progress:
             return
         self._last = now
         elapsed = now - self.start
+        members = f"{self.items:,} members, " if self.items else ""  # none counted: a conversion
         if self.total:
             fraction = min(1.0, position / self.total)
             width = 30
@@ -41,10 +42,10 @@ class Progress:
             eta = (elapsed / fraction - elapsed) if fraction > 0 else 0
             text = (
                 f"\r{self.label}: [{bar}] {fraction * 100:5.1f}% {_human(position)}/{_human(self.total)} "
-                f"{self.items:,} members, {elapsed:.0f}s elapsed, ~{eta:.0f}s left "
+                f"{members}{elapsed:.0f}s elapsed, ~{eta:.0f}s left "
             )
         else:
-            text = f"\r{self.label}: {_human(position)} {self.items:,} members, {elapsed:.0f}s elapsed "
+            text = f"\r{self.label}: {_human(position)} {members}{elapsed:.0f}s elapsed "
         self.stream.write(text)
         self.stream.flush()
 

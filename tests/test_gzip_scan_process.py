@@ -326,3 +326,16 @@ def test_progress_of_a_tar_bz2_shows_what_was_decoded(tmp_path: Path) -> None:
     path.write_bytes(bz2.compress(make_tar({f"d{i % 10}/f{i}": b"y" * (i % 50) for i in range(3000)})))
     text = progress_output(f"import ratarmountcore\nratarmountcore.open({str(path)!r}).close()\n")
     assert "Indexing" in text and "members" in text and "%" not in text, text
+
+
+@pytest.mark.parametrize("suffix", ["gz", "bz2"])
+def test_conversion_progress(tmp_path: Path, suffix: str) -> None:
+    """A share of the input for .gz (bytes read), the decoded bytes for .bz2; no member count."""
+    data = make_tar({f"d{i % 10}/f{i}": bytes([i % 251]) * (i % 700) for i in range(3000)})
+    path = tmp_path / f"p.tar.{suffix}"
+    path.write_bytes(gzip_bytes(data) if suffix == "gz" else bz2.compress(data))
+    out = tmp_path / "out.tar.zst"
+    code = f"from ratarmountcore.convert import convert_to_seekable_zstd\nconvert_to_seekable_zstd({str(path)!r}, {str(out)!r})\n"
+    text = progress_output(code)
+    assert "Converting" in text and "members" not in text, text
+    assert ("%" in text) is (suffix == "gz"), text
