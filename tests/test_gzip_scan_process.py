@@ -335,7 +335,10 @@ def test_conversion_progress(tmp_path: Path, suffix: str) -> None:
     path = tmp_path / f"p.tar.{suffix}"
     path.write_bytes(gzip_bytes(data) if suffix == "gz" else bz2.compress(data))
     out = tmp_path / "out.tar.zst"
-    code = f"from ratarmountcore.convert import convert_to_seekable_zstd\nconvert_to_seekable_zstd({str(path)!r}, {str(out)!r})\n"
+    code = (
+        "from ratarmountcore.convert import convert_to_seekable_zstd\n"
+        f"convert_to_seekable_zstd({str(path)!r}, {str(out)!r})\n"
+    )
     text = progress_output(code)
     assert "Converting" in text and "members" not in text, text
     assert ("%" in text) is (suffix == "gz"), text
