@@ -113,10 +113,10 @@ def index_tar(
     that file uncompressed (needed to descend into compressed archives inside it).
     ``compressed``: the compressed size and how much of it has been read (None: unknown), for
     the progress bar of a decompressed stream (whose own size is unknown until its end)."""
-    total, read = size, None
-    if compressed is not None and progress and compressed[1]() is not None:  # counting starts here
-        total, read = compressed
-    bar = Progress(f"Indexing {label}", total, enabled=progress)
+    bar = Progress(f"Indexing {label}", size, enabled=progress)
+    read = None
+    if compressed is not None and bar.enabled and compressed[1]() is not None:  # counting starts here
+        bar.total, read = compressed
 
     def report(position: int) -> None:
         bar.update((read() or 0) if read is not None else position, ctx.count)
