@@ -295,13 +295,13 @@ def convert_to_seekable_zstd(
 
         # A share of the input where the compressed bytes read tell progress (the first call
         # starts the count), else the decompressed bytes so far (bzip2).
-        share = compressed is None or compressed.compressed_progress() is not None
-        bar = Progress(f"Converting {src_path}", plain.size if share else None, enabled=options.index.progress)
+        bar = Progress(f"Converting {src_path}", plain.size, enabled=options.index.progress)
+        read = compressed.compressed_progress if compressed is not None and bar.enabled else None
+        if read is not None and read() is None:
+            bar.total = read = None
 
         def on_pull(position: int) -> None:
-            if compressed is not None and share:
-                position = min(compressed.compressed_progress() or 0, plain.size)
-            bar.update(position)
+            bar.update(min(read() or 0, plain.size) if read is not None else position)
 
         with open(temp_path, "wb") as out:
             frames = FrameWriter(out, frame_size, level, options.compression.threads())
