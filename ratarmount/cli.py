@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="MiB",
-        help="distance between gzip seek points stored in the index, in MiB (default: 0.5 of compressed "
+        help="distance between gzip seek points stored in the index, in MiB (default: 0.375 of compressed "
         "data with rapidgzip, 1 of decompressed data with indexed_gzip; an existing index is then used "
         "whatever its spacing)",
     )

@@ -154,7 +154,7 @@ def _tar_gz(path: Path, sizes: List[int]) -> Path:
 def test_the_first_members_decide_the_seek_points_of_the_first_scan(
     sizes: List[int], large: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Small members: seek points every 0.5 MiB, scanned with two threads per core. Large members
+    """Small members: seek points every 384 KiB, scanned with two threads per core. Large members
     (reads of them skip the span cache): every 1 MiB, one thread per core (pure decoding)."""
     import os
 
@@ -172,7 +172,8 @@ def test_the_first_members_decide_the_seek_points_of_the_first_scan(
         for path, data in members(archive).items():
             assert src.read(path) == data
     cores = os.cpu_count() or 1
-    assert made[0] == ((1 << 20, cores) if large else (512 * 1024, 2 * cores))
+    assert made[0] == ((1 << 20, cores) if large else (RapidgzipReader.default_spacing, 2 * cores))
+    assert RapidgzipReader.default_spacing == 384 * 1024
     # An explicit spacing and -P are kept whatever the members.
     made.clear()
     (tmp_path / "a.tar.gz.index.sqlite").unlink()

@@ -152,10 +152,12 @@ class RapidgzipReader(_GzipReader):
     #: .tar.gz 2.65-3.03 -> 2.30-2.70 s, first mount of 100,000 files 2.27 -> 2.11 s; 4 per core
     #: gained nothing more). bzip2 got slower with more threads than cores and keeps one.
     default_oversubscription: ClassVar[int] = 2
-    #: Half of rapidgzip's usual chunk: a random read that misses the span cache decodes half as
-    #: much (1,000 random reads from a 100,000-file .tar.gz in-process 2.1 -> 1.1 s) for 7% more
-    #: first-mount time. Large reads keep 1 MiB chunks (``PARALLEL_CHUNK``).
-    default_spacing: ClassVar[int] = 512 * 1024
+    #: A random read that misses the span cache decodes from one seek point to the next, so its
+    #: cost is the spacing (1,000 random reads from a 100,000-file .tar.gz in-process: 1 MiB
+    #: 2.1 s, 0.5 MiB 1.1 s, 384 KiB 0.93 s, 256 KiB 0.68 s) and the first pass pays per seek
+    #: point (first mount 1.59-1.67 s at 0.5 MiB, 1.73-1.76 s at 384 KiB, 1.96 s at 256 KiB, with
+    #: the child process). Large reads keep 1 MiB chunks (``PARALLEL_CHUNK``).
+    default_spacing: ClassVar[int] = 384 * 1024
     #: ... unless the members are large: then reads are large too (they skip the span cache),
     #: and each seek point costs rapidgzip's first pass ~2.3 ms of CPU (first mount of a 1 GB
     #: .tar.gz of 512 KiB members: 3.6 s at 0.5 MiB, 2.5 s at 1 MiB).
