@@ -214,8 +214,8 @@ class LowLevelOperations:
         self.nodes.forget(node, count)
 
     def forget_all(self, nodes: Sequence[int], counts: Sequence[int]) -> None:
-        """A FORGET_MULTI batch. Dropping the kernel's caches (``drop_caches``, memory pressure)
-        forgets every node at once: 100,000 ids handled one by one held the GIL for ~0.1 s."""
+        """A FORGET_MULTI batch (the kernel sends them when it drops its caches): handled as
+        one list, without a call per node."""
         self.nodes.forget_all(nodes, counts)
 
     @staticmethod

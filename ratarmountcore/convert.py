@@ -313,7 +313,7 @@ def convert_to_seekable_zstd(
                     total = tee.drain()
                 except RatarmountError:
                     if compressed is not None:
-                        compressed.check_scan()  # a failing decoder explains a damaged stream best
+                        compressed.end_scan()  # a failing decoder explains a damaged stream best
                     raise
                 if compressed is not None:
                     compressed.end_scan()

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import os
+import pty
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pytest
 
@@ -20,6 +23,41 @@ def fuse_available() -> bool:
 
 
 requires_fuse = pytest.mark.skipif(not fuse_available(), reason="needs /dev/fuse and fusermount")
+
+
+def tar_bytes(files: Dict[str, bytes]) -> bytes:
+    """A GNU tar of regular files (all with the same mtime), in memory."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = 1_600_000_000
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def stderr_on_terminal(command: Sequence[str], timeout: float = 120) -> Tuple[int, str]:
+    """Run ``command`` with its stderr on a pseudo-terminal (progress bars show only there);
+    its exit status and what it wrote there."""
+    master, slave = pty.openpty()
+    try:
+        try:
+            result = subprocess.run(list(command), stderr=slave, stdout=subprocess.PIPE, timeout=timeout)
+        finally:
+            os.close(slave)
+        output = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: nothing left once the other side is closed
+                break
+            if not chunk:
+                break
+            output += chunk
+    finally:
+        os.close(master)
+    return result.returncode, output.decode(errors="replace")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Dict
 
 import pytest
-from conftest import RATARMOUNT, Mounter, lazy_unmount, requires_fuse, run_ratarmount
+from conftest import RATARMOUNT, Mounter, lazy_unmount, requires_fuse, run_ratarmount, stderr_on_terminal
 
 
 def make_tar(path: Path, files: Dict[str, bytes]) -> Path:
@@ -438,29 +438,14 @@ def test_statfs_and_fuse_options(mounter: Mounter, archive: Path) -> None:
 
 @requires_fuse
 def test_progress_bar_on_a_terminal(tmp_path: Path, private_home: Path) -> None:
-    import pty
-
     archive = make_tar(tmp_path / "many.tar", {f"d{i % 10}/f{i}": b"x" for i in range(3000)})
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    master, slave = pty.openpty()
     try:
-        proc = subprocess.run([*RATARMOUNT, str(archive), str(mnt)], stderr=slave, stdout=subprocess.PIPE, timeout=120)
-        os.close(slave)
-        output = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            output += chunk
+        code, text = stderr_on_terminal([*RATARMOUNT, str(archive), str(mnt)])
     finally:
-        os.close(master)
         lazy_unmount(mnt)
-    assert proc.returncode == 0
-    text = output.decode(errors="replace")
+    assert code == 0
     assert "Indexing" in text and "%" in text and "members" in text, text
 
 

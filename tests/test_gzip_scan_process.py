@@ -5,22 +5,20 @@ would report it, nothing left behind, and a fall-back when the child cannot star
 from __future__ import annotations
 
 import bz2
-import io
 import logging
 import os
 import random
 import signal
 import sqlite3
 import stat
-import subprocess
 import sys
-import tarfile
 import tempfile
 import zlib
 from pathlib import Path
 from typing import Dict, Iterator
 
 import pytest
+from conftest import stderr_on_terminal, tar_bytes
 
 import ratarmountcore
 from ratarmountcore.compression import scan_process
@@ -44,17 +42,6 @@ def child_for_every_size(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Ite
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     yield temp
     assert list(temp.iterdir()) == [], "the child's temporary files were left behind"
-
-
-def make_tar(members: Dict[str, bytes], inner: bool = False) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mtime = 1_700_000_000
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 def gzip_bytes(data: bytes) -> bytes:
@@ -86,7 +73,7 @@ def read_all(source: ratarmountcore.MountSource, names: Iterator[str]) -> Dict[s
 def test_child_builds_the_index_and_every_byte_matches(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     members = sample_members()
     path = tmp_path / "a.tar.gz"
-    path.write_bytes(gzip_bytes(make_tar(members)))
+    path.write_bytes(gzip_bytes(tar_bytes(members)))
     with caplog.at_level(logging.DEBUG, logger="ratarmountcore.compression.scan_process"):
         with open_archive(path) as source:
             assert CHILD_LOG in caplog.text
@@ -106,7 +93,7 @@ def test_child_builds_the_index_and_every_byte_matches(tmp_path: Path, caplog: p
 
 
 def test_child_and_in_process_pass_store_the_same_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    data = gzip_bytes(make_tar(sample_members(150, seed=9)))
+    data = gzip_bytes(tar_bytes(sample_members(150, seed=9)))
     (tmp_path / "child.tar.gz").write_bytes(data)
     (tmp_path / "here.tar.gz").write_bytes(data)
     open_archive(tmp_path / "child.tar.gz").close()
@@ -123,10 +110,10 @@ def test_child_and_in_process_pass_store_the_same_rows(tmp_path: Path, monkeypat
 
 
 def test_recursive_inner_tar_is_read_through_the_child(tmp_path: Path) -> None:
-    inner = make_tar({"x/inner.txt": b"inside" * 1000, "y.bin": bytes(range(256)) * 50})
+    inner = tar_bytes({"x/inner.txt": b"inside" * 1000, "y.bin": bytes(range(256)) * 50})
     outer = {"pre.bin": os.urandom(70_000), "nested.tar": inner, "post.txt": b"after"}
     path = tmp_path / "r.tar.gz"
-    path.write_bytes(gzip_bytes(make_tar(outer)))
+    path.write_bytes(gzip_bytes(tar_bytes(outer)))
     options = OpenOptions(index=IndexOptions(progress=False), recursive=True)
     with ratarmountcore.open(str(path), options) as source:
         assert sorted(source.listdir("/nested.tar")) == ["x", "y.bin"]
@@ -164,7 +151,7 @@ def test_child_failures_are_reported_and_leave_no_index(tmp_path: Path, damage, 
     # process) does not reach the damage, the child meets it.
     rng = random.Random(2)
     members = {**{f"first/{i}": rng.randbytes(3000) for i in range(600)}, **sample_members(120, seed=3)}
-    path.write_bytes(damage(gzip_bytes(make_tar(members))))
+    path.write_bytes(damage(gzip_bytes(tar_bytes(members))))
     with pytest.raises(error) as caught:
         open_archive(path).close()
     message = str(caught.value)
@@ -176,7 +163,7 @@ def test_child_failures_are_reported_and_leave_no_index(tmp_path: Path, damage, 
 def test_concatenated_members_are_complete(tmp_path: Path) -> None:
     """Several gzip members: the last member's ISIZE is not the total, so the end is checked
     with one more pass, which must accept the file."""
-    tar = make_tar(sample_members(80, seed=4))
+    tar = tar_bytes(sample_members(80, seed=4))
     cut = len(tar) // 3
     path = tmp_path / "multi.tar.gz"
     path.write_bytes(gzip_bytes(tar[:cut]) + gzip_bytes(tar[cut:]))
@@ -202,7 +189,7 @@ def test_child_that_cannot_start_falls_back_to_this_process(
     monkeypatch.setattr(sys, "executable", interpreter)
     members = sample_members(60, seed=8)
     path = tmp_path / "f.tar.gz"
-    path.write_bytes(gzip_bytes(make_tar(members)))
+    path.write_bytes(gzip_bytes(tar_bytes(members)))
     with caplog.at_level(logging.INFO):
         with open_archive(path) as source:
             assert read_all(source, iter(members)) == members
@@ -212,7 +199,7 @@ def test_child_that_cannot_start_falls_back_to_this_process(
 def test_conversion_reads_through_the_child(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     members = sample_members(200, seed=6)
     source = tmp_path / "in.tar.gz"
-    source.write_bytes(gzip_bytes(make_tar(members)))
+    source.write_bytes(gzip_bytes(tar_bytes(members)))
     out = tmp_path / "out.tar.zst"
     with caplog.at_level(logging.DEBUG, logger="ratarmountcore.compression.scan_process"):
         convert_to_seekable_zstd(str(source), str(out), frame_size=256 * 1024, options=OPTIONS)
@@ -230,7 +217,7 @@ def test_conversion_of_a_damaged_stream_fails_and_writes_nothing(tmp_path: Path,
     rng = random.Random(7)
     members = {**{f"first/{i}": rng.randbytes(3000) for i in range(600)}, **sample_members(100, seed=7)}
     source = tmp_path / "in.tar.gz"
-    source.write_bytes(damage(gzip_bytes(make_tar(members))))
+    source.write_bytes(damage(gzip_bytes(tar_bytes(members))))
     with pytest.raises(error):
         convert_to_seekable_zstd(str(source), str(tmp_path / "out.tar.zst"), options=OPTIONS)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.tar.gz", "tmp"]
@@ -245,7 +232,7 @@ def test_a_killed_child_is_not_reported_as_corrupt_data(tmp_path: Path, monkeypa
 
     monkeypatch.setattr(scan_process.DecoderProcess, "__init__", start_then_kill)
     path = tmp_path / "k.tar.gz"
-    path.write_bytes(gzip_bytes(make_tar(sample_members(100, seed=12))))
+    path.write_bytes(gzip_bytes(tar_bytes(sample_members(100, seed=12))))
     with pytest.raises(RatarmountError) as caught:
         open_archive(path).close()
     assert not isinstance(caught.value, CorruptDataError)
@@ -255,7 +242,7 @@ def test_a_killed_child_is_not_reported_as_corrupt_data(tmp_path: Path, monkeypa
 
 def test_the_child_ignores_ctrl_c(tmp_path: Path) -> None:
     """Ctrl-C reaches the whole process group; only the parent may act on it."""
-    data = make_tar(sample_members(300, seed=13))
+    data = tar_bytes(sample_members(300, seed=13))
     path = tmp_path / "c.gz"
     path.write_bytes(gzip_bytes(data))
     fd = os.open(path, os.O_RDONLY)
@@ -278,38 +265,22 @@ def test_no_memfd_means_decoding_in_this_process(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(os, "memfd_create", refuse)
     members = sample_members(50, seed=14)
     path = tmp_path / "m.tar.gz"
-    path.write_bytes(gzip_bytes(make_tar(members)))
+    path.write_bytes(gzip_bytes(tar_bytes(members)))
     with open_archive(path) as source:
         assert read_all(source, iter(members)) == members
 
 
 def progress_output(code: str) -> str:
     """stderr of ``python -c code`` on a terminal."""
-    import pty
-
-    master, slave = pty.openpty()
-    try:
-        result = subprocess.run([sys.executable, "-c", code], stderr=slave, stdout=subprocess.PIPE, timeout=120)
-        os.close(slave)
-        output = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            output += chunk
-    finally:
-        os.close(master)
-    assert result.returncode == 0, output
-    return output.decode(errors="replace")
+    status, text = stderr_on_terminal([sys.executable, "-c", code])
+    assert status == 0, text
+    return text
 
 
 @pytest.mark.parametrize("child", [True, False], ids=["child", "in-process"])
 def test_progress_of_a_tar_gz_is_a_share_of_the_compressed_file(tmp_path: Path, child: bool) -> None:
     path = tmp_path / "p.tar.gz"
-    path.write_bytes(gzip_bytes(make_tar({f"d{i % 10}/f{i}": b"x" * (i % 50) for i in range(3000)})))
+    path.write_bytes(gzip_bytes(tar_bytes({f"d{i % 10}/f{i}": b"x" * (i % 50) for i in range(3000)})))
     code = (
         "import ratarmountcore\n"
         "from ratarmountcore.compression.gzip import RapidgzipReader\n"
@@ -323,7 +294,7 @@ def test_progress_of_a_tar_gz_is_a_share_of_the_compressed_file(tmp_path: Path, 
 def test_progress_of_a_tar_bz2_shows_what_was_decoded(tmp_path: Path) -> None:
     """rapidgzip's bzip2 reader reads the whole file early: no share of it is shown."""
     path = tmp_path / "p.tar.bz2"
-    path.write_bytes(bz2.compress(make_tar({f"d{i % 10}/f{i}": b"y" * (i % 50) for i in range(3000)})))
+    path.write_bytes(bz2.compress(tar_bytes({f"d{i % 10}/f{i}": b"y" * (i % 50) for i in range(3000)})))
     text = progress_output(f"import ratarmountcore\nratarmountcore.open({str(path)!r}).close()\n")
     assert "Indexing" in text and "members" in text and "%" not in text, text
 
@@ -331,7 +302,7 @@ def test_progress_of_a_tar_bz2_shows_what_was_decoded(tmp_path: Path) -> None:
 @pytest.mark.parametrize("suffix", ["gz", "bz2"])
 def test_conversion_progress(tmp_path: Path, suffix: str) -> None:
     """A share of the input for .gz (bytes read), the decoded bytes for .bz2; no member count."""
-    data = make_tar({f"d{i % 10}/f{i}": bytes([i % 251]) * (i % 700) for i in range(3000)})
+    data = tar_bytes({f"d{i % 10}/f{i}": bytes([i % 251]) * (i % 700) for i in range(3000)})
     path = tmp_path / f"p.tar.{suffix}"
     path.write_bytes(gzip_bytes(data) if suffix == "gz" else bz2.compress(data))
     out = tmp_path / "out.tar.zst"

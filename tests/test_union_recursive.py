@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-import io
 import os
-import tarfile
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
-from conftest import Mounter
+from conftest import Mounter, tar_bytes
 
 import ratarmountcore
 from ratarmountcore.options import OpenOptions
 from ratarmountcore.sources.union import UnionSource
-
-
-def tar_bytes(files: Dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mtime = 1_600_000_000
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 @pytest.fixture(autouse=True)

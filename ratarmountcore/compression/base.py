@@ -257,13 +257,10 @@ class CompressedReader(ABC):
         return self.stats.compressed_bytes_read
 
     def end_scan(self) -> None:
-        """After a pass that read the whole stream through ``scan_reader`` and stores no seek
-        points (a conversion): make sure the stream was complete and intact."""
-        return None
-
-    def check_scan(self) -> None:
-        """After a failed first pass: raise the decoder's own error if it had one (a scan may
-        have tripped over bytes that its decoder was about to reject)."""
+        """End a pass through ``scan_reader`` that stores no seek points (a conversion), or one
+        that failed: raise if the stream was not complete and intact, with the decoder's own
+        error where it had one (a scan may have tripped over bytes its decoder was about to
+        reject)."""
         return None
 
     # --- seek points ----------------------------------------------------------------------------

@@ -196,9 +196,10 @@ class RapidgzipReader(_GzipReader):
 
     # --- the first pass in a child process ------------------------------------------------------
     def scan_reader(self) -> RandomAccessReader:
+        if self._process_scan is not None:
+            return self._process_scan
         if (
-            self._process_scan is not None
-            or self._payload_loader is not None
+            self._payload_loader is not None
             or self._size is not None
             or self.compressed_size < self.scan_process_min
             or self._large_members
@@ -249,9 +250,6 @@ class RapidgzipReader(_GzipReader):
             scan.close()
         self._check_complete(size)
         return size, payload
-
-    def check_scan(self) -> None:
-        self._end_process_scan()  # raises the child's error, if it had one
 
     def export_seek_points(self, writer: SeekPointWriter) -> None:
         done = self._end_process_scan()

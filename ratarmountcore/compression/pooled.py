@@ -62,7 +62,8 @@ class PooledReader(CompressedReader):
         self._finish_lock = threading.Lock()
         #: Decoded spans between seek points, once the seek points are known (see ``spans.py``).
         self._spans: Optional[SpanCache] = None
-        self._own_reads: Optional[ReadCounter] = None
+        #: Compressed bytes read so far (decided at the first ``compressed_progress``).
+        self._reads: Optional[Callable[[], int]] = None
         count = min(self.max_instances, max(1, options.threads()))
         threads = options.threads()
         if options.parallelization <= 0:
@@ -125,12 +126,11 @@ class PooledReader(CompressedReader):
     def compressed_progress(self) -> Optional[int]:
         if not self.reads_in_step:
             return None
-        if isinstance(self.library_source(), str):
+        if self._reads is None:
             # Decoders given a path read the file in C, past our counters: ask the kernel.
-            if self._own_reads is None:
-                self._own_reads = ReadCounter()
-            return min(self.compressed_size, self._own_reads())
-        return super().compressed_progress()
+            by_path = isinstance(self.library_source(), str)
+            self._reads = ReadCounter() if by_path else lambda: self.stats.compressed_bytes_read
+        return min(self.compressed_size, self._reads())
 
     # --- pool ---------------------------------------------------------------------------------
     def _pools(self) -> Tuple[InstancePool[Any], ...]:

@@ -275,7 +275,7 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
                     options.compression, compressed=(compressed.compressed_size, compressed.compressed_progress),
                 )  # fmt: skip
             except RatarmountError:
-                compressed.check_scan()  # a failing decoder explains a damaged stream best
+                compressed.end_scan()  # a failing decoder explains a damaged stream best
                 raise
             compressed.export_seek_points(writer)
 
