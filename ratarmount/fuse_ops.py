@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
 from ratarmountcore.sources.base import FileInfo, MountSource
 
+from .capabilities import FUSE_CAP_NO_OPEN_SUPPORT, listing_always_with_attributes
 from .errnos import errno_of
 from .fuse_compat import FUSE_FILL_DIR_PLUS, FUSE_UNKNOWN_INO, fuse
 from .open_files import OpenFiles
@@ -26,7 +27,6 @@ logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 Listed = Tuple[bytes, bytes, int]
-FUSE_CAP_NO_OPEN_SUPPORT = 1 << 17  # libfuse 3
 ENCODING = "utf-8"  # of names handed to libfuse, as mfusepy decodes paths (with surrogateescape)
 
 
@@ -101,7 +101,10 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
         # makes it skip OPEN and RELEASE for every later open (keeping the page cache), and
         # reads come with the path. That is two round trips fewer per file read.
         capable = getattr(conn, "capable", 0) if conn is not None else 0
-        self._no_open = getattr(fuse, "fuse_version_major", 2) == 3 and bool(capable & FUSE_CAP_NO_OPEN_SUPPORT)
+        libfuse3 = getattr(fuse, "fuse_version_major", 2) == 3
+        self._no_open = libfuse3 and bool(capable & FUSE_CAP_NO_OPEN_SUPPORT)
+        if libfuse3 and conn is not None:
+            conn.want = listing_always_with_attributes(conn.want)
         if self._on_ready is not None:
             self._on_ready()
 

@@ -25,12 +25,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
 from ratarmountcore.errors import RatarmountError
 
+from .capabilities import FUSE_CAP_NO_OPEN_SUPPORT, listing_always_with_attributes
 from .errnos import errno_of
 from .lowlevel_ops import LowLevelOperations
 
 logger = logging.getLogger(__name__)
 
-FUSE_CAP_NO_OPEN_SUPPORT = 1 << 17
 #: Read buffer per worker thread (the kernel asks for at most 1 MiB with libfuse 3's defaults).
 READ_BUFFER = 1024 * 1024 + 4096
 
@@ -259,7 +259,9 @@ class LowLevelFuse:
         def init(_userdata: Any, conn: Any) -> None:
             pin()
             try:
-                ops.init(bool(conn.contents.capable & FUSE_CAP_NO_OPEN_SUPPORT))
+                info = conn.contents
+                info.want = listing_always_with_attributes(info.want)
+                ops.init(bool(info.capable & FUSE_CAP_NO_OPEN_SUPPORT))
             except BaseException as exc:  # noqa: BLE001 - never let an exception cross into C
                 logger.error("init failed: %s", exc)
 

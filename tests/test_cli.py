@@ -11,10 +11,10 @@ import sys
 import tarfile
 import time
 from pathlib import Path
-from typing import Dict
+from typing import Callable, Dict, List, Sequence
 
 import pytest
-from conftest import RATARMOUNT, Mounter, lazy_unmount, requires_fuse, run_ratarmount, stderr_on_terminal
+from conftest import RATARMOUNT, Mounter, lazy_unmount, requires_fuse, run_ratarmount, stderr_on_terminal, tar_bytes
 
 
 def make_tar(path: Path, files: Dict[str, bytes]) -> Path:
@@ -511,38 +511,70 @@ def _kernel_at_least(major: int, minor: int) -> bool:
         return False
 
 
-@requires_fuse
-def test_files_are_read_without_open_and_release_round_trips(tmp_path: Path, archive: Path) -> None:
-    """After the first OPEN (answered ENOSYS), the kernel opens files without asking us and reads
-    come by path; the bytes must be the same, and no RELEASE is ever sent."""
-    if not _kernel_at_least(5, 10):
-        pytest.skip("zero-message opens need a newer kernel")
+def _requests_during(
+    tmp_path: Path, archive: Path, action: Callable[[Path], None], extra: Sequence[str] = ()
+) -> List[str]:
+    """The opcodes of the FUSE requests a foreground mount received (libfuse's debug log) while
+    ``action(mountpoint)`` ran."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     log = tmp_path / "fuse.log"
     with open(log, "w") as err:
-        proc = subprocess.Popen([*RATARMOUNT, "-f", "-d", "-d", str(archive), str(mnt)], stderr=err)
+        proc = subprocess.Popen([*RATARMOUNT, *extra, "-f", "-d", "-d", str(archive), str(mnt)], stderr=err)
     try:
         for _ in range(200):
             if os.path.ismount(mnt):
                 break
             assert proc.poll() is None, log.read_text()
             time.sleep(0.05)
-        for name, data in FILES.items():
-            assert (mnt / name).read_bytes() == data
-            with open(mnt / name, "rb") as f:  # again, and at an offset
-                f.seek(len(data) // 2)
-                assert f.read() == data[len(data) // 2 :]
+        action(mnt)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
         lazy_unmount(mnt)
-    opcodes = [
+    return [
         line.split("opcode: ")[1].split(" ")[0].rstrip(",")
         for line in log.read_text().splitlines()
         if "opcode: " in line
     ]
+
+
+@requires_fuse
+def test_files_are_read_without_open_and_release_round_trips(tmp_path: Path, archive: Path) -> None:
+    """After the first OPEN (answered ENOSYS), the kernel opens files without asking us and reads
+    come by path; the bytes must be the same, and no RELEASE is ever sent."""
+    if not _kernel_at_least(5, 10):
+        pytest.skip("zero-message opens need a newer kernel")
+
+    def read_twice(mnt: Path) -> None:
+        for name, data in FILES.items():
+            assert (mnt / name).read_bytes() == data
+            with open(mnt / name, "rb") as f:  # again, and at an offset
+                f.seek(len(data) // 2)
+                assert f.read() == data[len(data) // 2 :]
+
+    opcodes = _requests_during(tmp_path, archive, read_twice)
     assert opcodes.count("READ") >= len(FILES)
     assert opcodes.count("OPEN") == 1 and opcodes.count("RELEASE") == 0, sorted(set(opcodes))
+
+
+@requires_fuse
+@pytest.mark.parametrize("api", ["low", "high"])
+def test_stat_after_listing_a_large_folder_asks_nothing(tmp_path: Path, api: str) -> None:
+    """Every page of a listing carries the entries' attributes, not only the first one (the
+    kernel's READDIRPLUS auto mode): `ls -l` of an ImageNet-sized folder must not send a LOOKUP
+    per entry beyond the first ~190."""
+    names = [f"n{index:05d}_{'x' * 40}.JPEG" for index in range(1500)]  # ~8 pages of 32 KiB
+    archive = tmp_path / "large-folder.tar"
+    archive.write_bytes(tar_bytes({f"folder/{name}": name.encode() for name in names}))
+
+    def list_then_stat(mnt: Path) -> None:
+        listed = os.listdir(mnt / "folder")
+        assert sorted(listed) == names
+        for name in listed:
+            assert os.lstat(mnt / "folder" / name).st_size == len(name)
+
+    opcodes = _requests_during(tmp_path, archive, list_then_stat, ["--fuse-api", api])
+    assert opcodes.count("READDIRPLUS") >= 2 and opcodes.count("LOOKUP") <= 2, sorted(set(opcodes))

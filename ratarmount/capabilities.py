@@ -1,0 +1,14 @@
+"""libfuse 3 capability bits (``fuse_common.h``) both front-ends negotiate in their init."""
+
+from __future__ import annotations
+
+FUSE_CAP_READDIRPLUS_AUTO = 1 << 14
+FUSE_CAP_NO_OPEN_SUPPORT = 1 << 17
+
+
+def listing_always_with_attributes(want: int) -> int:
+    """``want`` without READDIRPLUS_AUTO: in its auto mode (libfuse's default) the kernel asks
+    for attributes only with the first page of a folder (~190 entries with 32 KiB pages), so
+    every entry beyond it costs a LOOKUP round trip when stat-ed after the listing (`ls -l`,
+    `os.walk` + stat of a 5,000-file folder: 4.7-5.2 s instead of 0.13 s)."""
+    return want & ~FUSE_CAP_READDIRPLUS_AUTO
