@@ -4,6 +4,7 @@ from __future__ import annotations
 
 FUSE_CAP_READDIRPLUS_AUTO = 1 << 14
 FUSE_CAP_NO_OPEN_SUPPORT = 1 << 17
+FUSE_CAP_NO_OPENDIR_SUPPORT = 1 << 24
 
 
 def listing_always_with_attributes(want: int) -> int:

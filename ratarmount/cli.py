@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -135,6 +136,9 @@ def parse_fuse_options(values: Sequence[str]) -> Dict[str, Union[str, bool]]:
     return options
 
 
+#: Seconds ``-u`` keeps trying while the mount point is busy.
+UNMOUNT_BUSY_WAIT = 2.0
+
 #: Stripped from a lone ARCHIVE's name to name its mount point (longest first).
 ARCHIVE_SUFFIXES = (
     ".tar.gz", ".tar.bz2", ".tar.zst", ".tar.xz", ".tgz", ".tbz2", ".tbz", ".tzst", ".txz",
@@ -246,9 +250,16 @@ def unmount(mountpoint: str) -> None:
             continue
         import subprocess
 
-        result = subprocess.run([exe, *args, mountpoint], capture_output=True, text=True)
-        if result.returncode == 0:
-            return
+        # Busy can be the mount's own doing for a moment: it lists folders through the mount
+        # point for lookup runs (folder_prefetch), a few milliseconds each.
+        deadline = time.monotonic() + UNMOUNT_BUSY_WAIT
+        while True:
+            result = subprocess.run([exe, *args, mountpoint], capture_output=True, text=True)
+            if result.returncode == 0:
+                return
+            if "busy" not in (result.stderr + result.stdout).lower() or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         message = (result.stderr or result.stdout).strip().splitlines()
         raise RatarmountError(f"cannot unmount {mountpoint}: {message[-1] if message else 'unknown error'}")
     raise RatarmountError("cannot unmount: neither fusermount3, fusermount nor umount is installed")

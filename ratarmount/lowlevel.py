@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
 from ratarmountcore.errors import RatarmountError
 
-from .capabilities import FUSE_CAP_NO_OPEN_SUPPORT, listing_always_with_attributes
+from .capabilities import FUSE_CAP_NO_OPEN_SUPPORT, FUSE_CAP_NO_OPENDIR_SUPPORT, listing_always_with_attributes
 from .errnos import errno_of
 from .lowlevel_ops import LowLevelOperations
 
@@ -261,7 +261,8 @@ class LowLevelFuse:
             try:
                 info = conn.contents
                 info.want = listing_always_with_attributes(info.want)
-                ops.init(bool(info.capable & FUSE_CAP_NO_OPEN_SUPPORT))
+                capable = info.capable
+                ops.init(bool(capable & FUSE_CAP_NO_OPEN_SUPPORT), bool(capable & FUSE_CAP_NO_OPENDIR_SUPPORT))
             except BaseException as exc:  # noqa: BLE001 - never let an exception cross into C
                 logger.error("init failed: %s", exc)
 
@@ -345,10 +346,10 @@ class LowLevelFuse:
                 fail(req, exc, f"opendir of node {node}")
 
         def listing(plus: bool) -> Callable[[int, int, int, int, Any], None]:
-            def readdir(req: int, _node: int, size: int, offset: int, fi: Any) -> None:
+            def readdir(req: int, node: int, size: int, offset: int, fi: Any) -> None:
                 pin()
                 try:
-                    reply(req, ops.readdir(fi.contents.fh, size, offset, plus))
+                    reply(req, ops.readdir(node, fi.contents.fh, size, offset, plus))
                 except BaseException as exc:  # noqa: BLE001
                     fail(req, exc, "readdir")
 

@@ -26,6 +26,7 @@ from ratarmountcore.index.folder_rows import RecentFolders
 from ratarmountcore.sources.base import VERSIONS_SUFFIX, FileInfo, MountSource
 
 from . import kernel_abi as abi
+from .folder_prefetch import FolderPrefetcher
 from .inodes import ROOT_ID, InodeTable, StaleNodeError
 from .open_files import OpenFiles
 
@@ -46,6 +47,8 @@ REPLY_CACHE_ENTRIES = 1024
 REPLY_FOLDER_MAX = 512
 #: Folders (cached or marked as not cacheable) remembered at most.
 REPLY_FOLDERS_MAX = 256
+#: Listings of folders read without OPENDIR kept at once (each until its last page is served).
+NODE_LISTINGS_MAX = 64
 #: Inode number in listings of entries that have none (readdir must not report 0).
 UNKNOWN_INO = 0xFFFFFFFF
 
@@ -61,9 +64,16 @@ def _errno(code: int) -> OSError:
 
 
 class LowLevelOperations:
-    def __init__(self, source: MountSource, on_ready: Optional[Callable[[], None]] = None) -> None:
+    def __init__(
+        self,
+        source: MountSource,
+        on_ready: Optional[Callable[[], None]] = None,
+        prefetcher: Optional[FolderPrefetcher] = None,
+    ) -> None:
         self.source = source
         self._on_ready = on_ready
+        #: Lists folders in which lookups come in runs, so that the kernel learns all their entries.
+        self.prefetcher = prefetcher
         # Sources with stable, unique inode numbers name their entries themselves (node id =
         # inode number, nothing to remember); entries without one, and all entries of other
         # sources, get ids from the table.
@@ -73,6 +83,9 @@ class LowLevelOperations:
         self._listings: Dict[int, List[Listed]] = {}
         self._next_handle = itertools.count(1)
         self.no_open = False
+        self.no_opendir = False
+        self._node_listings: "collections.OrderedDict[int, List[Listed]]" = collections.OrderedDict()
+        self._node_listings_lock = threading.Lock()
         self._timeout = TIMEOUT if source.is_immutable else 1
         # LOOKUP, then GETATTR or READ of the same path: remember recent answers (misses too).
         self._entry: Callable[[str], Optional[Entry]] = (
@@ -128,16 +141,21 @@ class LowLevelOperations:
         return entry
 
     # --- session ------------------------------------------------------------------------------
-    def init(self, no_open_supported: bool) -> None:
+    def init(self, no_open_supported: bool, no_opendir_supported: bool = False) -> None:
         # Zero-message opens: an ENOSYS answer to the first OPEN makes the kernel skip OPEN and
         # RELEASE for every later open (keeping the page cache); reads then carry no handle.
+        # The same for folders: no OPENDIR/RELEASEDIR, listings cached by the kernel all the same.
         self.no_open = no_open_supported
+        self.no_opendir = no_opendir_supported
         if self._on_ready is not None:
             self._on_ready()
 
     def destroy(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
         self.files.clear()
         self._listings.clear()
+        self._node_listings.clear()
 
     # --- names --------------------------------------------------------------------------------
     def lookup(self, parent: int, name: bytes) -> bytes:
@@ -180,6 +198,9 @@ class LowLevelOperations:
         each further one, misses included, is a dictionary hit), or mark it as not cached."""
         path, _own = self._resolve(parent)
         entries = self.source.list_entries(path)
+        if entries is not None and self.prefetcher is not None:
+            entries = list(entries)
+            self.prefetcher.request(path, len(entries))
         replies = self._build_replies(path, entries) if entries is not None else None
         with self._replies_lock:
             self._reply_count -= len(self._replies.pop(parent, ()))  # made twice by two threads
@@ -256,6 +277,15 @@ class LowLevelOperations:
 
     # --- folders ------------------------------------------------------------------------------
     def opendir(self, node: int) -> bytes:
+        if self.no_opendir:
+            if not self._resolve(node)[1][0].is_dir:
+                raise _errno(errno.ENOTDIR)
+            raise _errno(errno.ENOSYS)  # see init; the kernel lists by node id from now on
+        handle = next(self._next_handle)
+        self._listings[handle] = self._make_listing(node)
+        return abi.open_out(handle, abi.FOPEN_KEEP_CACHE | abi.FOPEN_CACHE_DIR)
+
+    def _make_listing(self, node: int) -> List[Listed]:
         path, own = self._resolve(node)
         entries = self.source.list_entries(path)
         if entries is None:
@@ -277,19 +307,34 @@ class LowLevelOperations:
         for name, info in entries:
             offset += 1
             raw = name.encode(ENCODING, "surrogateescape")
-            node = own_node(info)
-            if node:
-                listing.append((raw, "", info, plus(node, info, timeout, offset, raw, node)))
+            entry_node = own_node(info)
+            if entry_node:
+                listing.append((raw, "", info, plus(entry_node, info, timeout, offset, raw, entry_node)))
             else:
                 listing.append((raw, prefix + name, info, b""))
-        handle = next(self._next_handle)
-        self._listings[handle] = listing
-        return abi.open_out(handle, abi.FOPEN_KEEP_CACHE | abi.FOPEN_CACHE_DIR)
+        return listing
 
-    def readdir(self, handle: int, size: int, offset: int, plus: bool) -> bytes:
+    def _listing_of(self, node: int, offset: int) -> List[Listed]:
+        """The listing of a folder the kernel reads without having opened it (no OPENDIR): made
+        for the first page and kept until the page after the last (the kernel reads until it
+        gets an empty one), a few folders at a time."""
+        listings = self._node_listings
+        listing = None if offset == 0 else listings.get(node)
+        if listing is None:
+            listing = self._make_listing(node)
+            with self._node_listings_lock:
+                listings[node] = listing
+                while len(listings) > NODE_LISTINGS_MAX:
+                    listings.popitem(last=False)
+        if offset >= len(listing):
+            with self._node_listings_lock:
+                listings.pop(node, None)
+        return listing
+
+    def readdir(self, node: int, handle: int, size: int, offset: int, plus: bool) -> bytes:
         """One page of the listing from entry ``offset`` on, at most ``size`` bytes. With
         ``plus``, entries carry their attributes and a node id the kernel now holds."""
-        listing = self._listings.get(handle)
+        listing = self._listing_of(node, offset) if handle == 0 else self._listings.get(handle)
         if listing is None:
             raise _errno(errno.EBADF)
         used = 0

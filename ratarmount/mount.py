@@ -136,10 +136,12 @@ def run_fuse(
                 on_ready()
 
         if _use_low_level(options):
+            from .folder_prefetch import FolderPrefetcher
             from .lowlevel import LowLevelFuse, session_arguments
             from .lowlevel_ops import LowLevelOperations
 
-            LowLevelFuse(LowLevelOperations(source, ready)).serve(
+            prefetcher = FolderPrefetcher(os.path.abspath(options.mountpoint))
+            LowLevelFuse(LowLevelOperations(source, ready, prefetcher)).serve(
                 options.mountpoint, session_arguments(options.fuse_options, fsname_for(label), options.debug >= 2)
             )
             if not mounted:

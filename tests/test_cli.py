@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence
@@ -396,6 +397,30 @@ def test_unmount_of_non_mount_fails(tmp_path: Path) -> None:
     assert result.returncode != 0 and "not a mount point" in result.stderr
 
 
+@requires_fuse
+def test_unmount_waits_a_moment_while_the_mount_is_busy(mounter: Mounter, archive: Path) -> None:
+    """``-u`` of a mount in use for a moment (the mount lists folders through its mount point for
+    runs of lookups) succeeds once it is free; one in use for good fails with one line."""
+    mnt = mounter.mount(archive)
+    held = open(mnt / "folder0" / "file0.txt", "rb")  # noqa: SIM115 - closed by the timer
+    timer = threading.Timer(0.5, held.close)
+    timer.start()
+    try:
+        result = run_ratarmount("-u", str(mnt))
+    finally:
+        timer.join()
+    assert result.returncode == 0, result.stderr
+    assert not os.path.ismount(mnt)
+    mnt = mounter.mount(archive)
+    with open(mnt / "folder0" / "file0.txt", "rb"):
+        started = time.monotonic()
+        result = run_ratarmount("-u", str(mnt))
+        assert time.monotonic() - started >= 1.5
+    assert result.returncode != 0 and "busy" in result.stderr.lower()
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    mounter.unmount(mnt)
+
+
 def test_usage_error() -> None:
     result = run_ratarmount("only-one-argument")
     assert result.returncode == 2 and "MOUNTPOINT" in result.stderr
@@ -578,3 +603,43 @@ def test_stat_after_listing_a_large_folder_asks_nothing(tmp_path: Path, api: str
 
     opcodes = _requests_during(tmp_path, archive, list_then_stat, ["--fuse-api", api])
     assert opcodes.count("READDIRPLUS") >= 2 and opcodes.count("LOOKUP") <= 2, sorted(set(opcodes))
+
+
+@requires_fuse
+def test_folders_are_listed_without_opendir_round_trips(tmp_path: Path, archive: Path) -> None:
+    """After the first OPENDIR (answered ENOSYS), the kernel lists folders by node id without
+    opening them; listings stay complete and cached."""
+    if not _kernel_at_least(5, 10):
+        pytest.skip("listing without OPENDIR needs a newer kernel")
+
+    def list_twice(mnt: Path) -> None:
+        for _ in range(2):
+            for folder in ("folder0", "folder1", "folder2", "."):
+                expected = sorted({name.split("/")[1] for name in FILES if name.startswith(folder + "/")})
+                if folder == ".":
+                    expected = ["folder0", "folder1", "folder2"]
+                assert sorted(os.listdir(mnt / folder)) == expected
+
+    opcodes = _requests_during(tmp_path, archive, list_twice)
+    assert opcodes.count("OPENDIR") == 1 and opcodes.count("RELEASEDIR") == 0, sorted(set(opcodes))
+    assert opcodes.count("READDIRPLUS") <= 2 * 4  # a page and the empty one per folder, once
+
+
+@requires_fuse
+def test_a_run_of_lookups_in_a_folder_is_answered_by_the_kernel(tmp_path: Path) -> None:
+    """Stat-ing every file of a folder without listing it (paths from a manifest): the mount
+    lists the folder for the kernel once the lookups come in a run, so most of them never
+    reach the daemon; every answer stays right."""
+    names = [f"img_{index:05d}.JPEG" for index in range(1000)]
+    archive = tmp_path / "manifest.tar"
+    archive.write_bytes(
+        tar_bytes({f"class/{name}": name.encode() * (1 + index % 3) for index, name in enumerate(names)})
+    )
+
+    def stat_from_manifest(mnt: Path) -> None:
+        for index, name in enumerate(names):
+            assert os.stat(mnt / "class" / name).st_size == len(name) * (1 + index % 3)
+        assert (mnt / "class" / names[-1]).read_bytes() == names[-1].encode() * (1 + 999 % 3)
+
+    opcodes = _requests_during(tmp_path, archive, stat_from_manifest)
+    assert opcodes.count("LOOKUP") < len(names) // 2 and opcodes.count("READDIRPLUS") >= 1, sorted(set(opcodes))

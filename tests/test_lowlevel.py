@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 import pytest
-from conftest import Mounter
+from conftest import Mounter, tar_bytes
 
 import ratarmountcore
 from ratarmount.inodes import ROOT_ID
@@ -91,7 +91,7 @@ def list_all(ops: LowLevelOperations, node: int, plus: bool, size: int) -> List[
     records = []
     offset = 0
     while True:
-        page = ops.readdir(handle, size, offset, plus)
+        page = ops.readdir(node, handle, size, offset, plus)
         assert len(page) <= size
         if not page:
             break
@@ -359,3 +359,90 @@ def test_runs_of_lookups_are_answered_from_whole_folder_replies(
             assert len([p for p in asked if p.startswith("/big/")]) == len(raw_names)
     source.close()
     reference.source.close()
+
+
+def list_by_node(
+    ops: LowLevelOperations, node: int, plus: bool, size: int, offset: int = 0
+) -> List[Tuple[bytes, int, int, Dict[str, int]]]:
+    """Like ``list_all`` for a kernel that does not open folders: pages asked by node id."""
+    records = []
+    while True:
+        page = ops.readdir(node, 0, size, offset, plus)
+        if not page:
+            return records
+        parsed = parse_page(page, plus)
+        assert [r[1] for r in parsed] == list(range(offset + 1, offset + 1 + len(parsed)))
+        records += parsed
+        offset = parsed[-1][1]
+
+
+@pytest.mark.parametrize("plus", [True, False])
+def test_folders_are_listed_by_node_without_opendir(tmp_path: Path, plus: bool) -> None:
+    """When the kernel offers it, OPENDIR is answered ENOSYS once and folders are listed by node
+    id: the pages are the same as through a handle, the kept listing goes with the last page,
+    and a page asked after the listing was dropped (a kernel re-reading, many folders at once)
+    is made again from the index, the same."""
+    from ratarmount import lowlevel_ops
+
+    archive = tmp_path / "folder.tar"
+    with tarfile.open(archive, "w", format=tarfile.GNU_FORMAT) as tar:
+        for i in range(300):
+            info = tarfile.TarInfo(f"d/entry-{i:04d}-{'n' * (i % 50)}")
+            info.size = i
+            tar.addfile(info, io.BytesIO(b"x" * i))
+    with ratarmountcore.open(str(archive)) as source:
+        reference = LowLevelOperations(source)
+        reference.init(no_open_supported=True)
+        ops = LowLevelOperations(source)
+        ops.init(no_open_supported=True, no_opendir_supported=True)
+        folder = lookup(ops, ROOT_ID, b"d")[0]
+        with pytest.raises(OSError) as info:
+            ops.opendir(folder)
+        assert info.value.errno == errno.ENOSYS
+        with pytest.raises(OSError) as info:
+            ops.opendir(lookup(ops, folder, b"entry-0001-n")[0])
+        assert info.value.errno == errno.ENOTDIR
+        expected = list_all(reference, folder, plus, size=4096)
+        assert len(expected) == 302
+        assert list_by_node(ops, folder, plus, size=4096) == expected
+        assert not ops._node_listings  # dropped with the empty page after the last
+        first = ops.readdir(folder, 0, 4096, 0, plus)
+        ops._node_listings.clear()
+        offset = parse_page(first, plus)[-1][1]
+        assert parse_page(ops.readdir(folder, 0, 4096, offset, plus), plus)[0][1] == offset + 1
+        assert parse_page(first, plus) + list_by_node(ops, folder, plus, 4096, offset) == expected
+        for node in range(lowlevel_ops.NODE_LISTINGS_MAX + 5):  # many folders half read
+            ops._listing_of(folder if node == 0 else ROOT_ID, 0)
+        assert len(ops._node_listings) <= lowlevel_ops.NODE_LISTINGS_MAX
+
+
+class _RecordingPrefetcher:
+    def __init__(self) -> None:
+        self.requests: List[Tuple[str, int]] = []
+
+    def request(self, path: str, entries: int) -> None:
+        self.requests.append((path, entries))
+
+    def close(self) -> None:
+        self.requests.append(("closed", 0))
+
+
+def test_lookup_runs_ask_for_the_folder_to_be_listed(tmp_path: Path) -> None:
+    """The run of lookups that makes the replies of a whole folder also asks the prefetcher to
+    list that folder through the mount; single lookups here and there do not."""
+    archive = tmp_path / "runs.tar"
+    archive.write_bytes(tar_bytes({**{f"a/f{i}": b"a" for i in range(10)}, **{f"b/g{i}": b"b" for i in range(3)}}))
+    with ratarmountcore.open(str(archive)) as source:
+        prefetcher = _RecordingPrefetcher()
+        ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
+        ops.init(no_open_supported=True)
+        a = lookup(ops, ROOT_ID, b"a")[0]
+        b = lookup(ops, ROOT_ID, b"b")[0]
+        lookup(ops, a, b"f0")
+        assert prefetcher.requests == [("/", 2)]  # "a" then "b" in the root: a run there
+        for name in (b"f1", b"f2", b"f3"):
+            lookup(ops, a, name)
+        lookup(ops, b, b"g0")
+        assert prefetcher.requests == [("/", 2), ("/a", 10)]
+        ops.destroy()
+        assert prefetcher.requests[-1] == ("closed", 0)

@@ -1,0 +1,74 @@
+"""FolderPrefetcher: lists folders in a thread of its own, each once, none too large, failures
+swallowed; started on first use (after the daemon forked), stopped at the end of a session."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from ratarmount import folder_prefetch
+from ratarmount.folder_prefetch import FolderPrefetcher
+
+
+def wait_for(condition, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_folders_are_listed_once_in_a_thread_started_on_first_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    listed = []
+    real_listdir = os.listdir
+
+    def recording_listdir(path):  # type: ignore[no-untyped-def]
+        listed.append(path)
+        return real_listdir(path)
+
+    monkeypatch.setattr(folder_prefetch.os, "listdir", recording_listdir)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    prefetcher = FolderPrefetcher(str(tmp_path) + "/")
+    assert prefetcher._thread is None
+    prefetcher.request("/a", 10)
+    prefetcher.request("/a", 10)  # listed already
+    prefetcher.request("/b", folder_prefetch.FOLDER_MAX + 1)  # too large
+    prefetcher.request("/b", 1)  # nothing to gain
+    prefetcher.request("/", 2)
+    wait_for(lambda: prefetcher.listings == 2)
+    assert listed == [f"{tmp_path}/a", f"{tmp_path}/"]
+    prefetcher.close()
+    prefetcher.request("/b", 10)
+    assert prefetcher._thread is not None
+    prefetcher._thread.join(timeout=10)
+    assert not prefetcher._thread.is_alive() and prefetcher.listings == 2
+
+
+def test_failures_only_log(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    prefetcher = FolderPrefetcher(str(tmp_path))
+    with caplog.at_level(logging.DEBUG, logger="ratarmount.folder_prefetch"):
+        prefetcher.request("/missing", 5)
+        (tmp_path / "there").mkdir()
+        prefetcher.request("/there", 5)
+        wait_for(lambda: prefetcher.listings == 1)
+    assert any("/missing" in record.getMessage() for record in caplog.records)
+    prefetcher.close()
+
+
+def test_remembered_folders_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(folder_prefetch, "REMEMBERED", 3)
+    prefetcher = FolderPrefetcher(str(tmp_path))
+    for name in "abcde":
+        (tmp_path / name).mkdir()
+        prefetcher.request("/" + name, 5)
+    wait_for(lambda: prefetcher.listings == 5)
+    assert list(prefetcher._listed) == ["/c", "/d", "/e"]
+    prefetcher.request("/a", 5)  # forgotten: listed again
+    wait_for(lambda: prefetcher.listings == 6)
+    prefetcher.close()
