@@ -26,7 +26,7 @@ from ratarmountcore.index.folder_rows import RecentFolders
 from ratarmountcore.sources.base import VERSIONS_SUFFIX, FileInfo, MountSource
 
 from . import kernel_abi as abi
-from .folder_prefetch import FolderPrefetcher
+from .folder_prefetch import FOLDER_MAX, FolderPrefetcher
 from .inodes import ROOT_ID, InodeTable, StaleNodeError
 from .open_files import OpenFiles
 
@@ -74,6 +74,10 @@ class LowLevelOperations:
         self._on_ready = on_ready
         #: Lists folders in which lookups come in runs, so that the kernel learns all their entries.
         self.prefetcher = prefetcher
+        self._last_parent = 0
+        self._handed_over = 0
+        #: Sizes of the folders whose replies were made, counted up to FOLDER_MAX + 1.
+        self._folder_sizes: "collections.OrderedDict[int, int]" = collections.OrderedDict()
         # Sources with stable, unique inode numbers name their entries themselves (node id =
         # inode number, nothing to remember); entries without one, and all entries of other
         # sources, get ids from the table.
@@ -159,6 +163,12 @@ class LowLevelOperations:
 
     # --- names --------------------------------------------------------------------------------
     def lookup(self, parent: int, name: bytes) -> bytes:
+        reply = self._lookup(parent, name)
+        if self.prefetcher is not None:
+            self._follow_run(parent)
+        return reply
+
+    def _lookup(self, parent: int, name: bytes) -> bytes:
         replies = self._replies.get(parent)
         if replies is not None:
             if replies is _NOT_CACHED:
@@ -172,8 +182,22 @@ class LowLevelOperations:
         elif self._stable and self.source.is_immutable:
             if self._recent_parents.again(parent):
                 self._load_replies(parent)
-                return self.lookup(parent, name)
+                return self._lookup(parent, name)
         return self._lookup_slow(parent, name)
+
+    def _follow_run(self, parent: int) -> None:
+        """Two lookups in a row in one folder (a stat or open of every file; random opens
+        alternate between a folder and its parent): hand the folder to the prefetcher, once per
+        run, with its size from the replies made for the run."""
+        if parent != self._last_parent:
+            self._last_parent = parent
+            return
+        if parent == self._handed_over or self.prefetcher is None:
+            return
+        self._handed_over = parent
+        size = self._folder_sizes.get(parent)
+        if size is not None:
+            self.prefetcher.request(self._resolve(parent)[0], size)
 
     def _lookup_slow(self, parent: int, name: bytes) -> bytes:
         base = self._resolve(parent)[0]
@@ -197,12 +221,14 @@ class LowLevelOperations:
         """Make the LOOKUP reply of every entry of folder ``parent`` (a run of lookups there:
         each further one, misses included, is a dictionary hit), or mark it as not cached."""
         path, _own = self._resolve(parent)
-        entries = self.source.list_entries(path)
-        if entries is not None and self.prefetcher is not None:
-            entries = list(entries)
-            self.prefetcher.request(path, len(entries))
+        limit = REPLY_FOLDER_MAX if self.prefetcher is None else max(REPLY_FOLDER_MAX, FOLDER_MAX)
+        entries = self.source.list_entries_upto(path, limit + 1)
         replies = self._build_replies(path, entries) if entries is not None else None
         with self._replies_lock:
+            if entries is not None and self.prefetcher is not None:
+                self._folder_sizes[parent] = len(entries)
+                if len(self._folder_sizes) > REPLY_FOLDERS_MAX:
+                    self._folder_sizes.popitem(last=False)
             self._reply_count -= len(self._replies.pop(parent, ()))  # made twice by two threads
             self._replies[parent] = _NOT_CACHED if replies is None else replies
             self._reply_count += len(replies or ())

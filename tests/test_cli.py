@@ -614,7 +614,7 @@ def test_folders_are_listed_without_opendir_round_trips(tmp_path: Path, archive:
 
     def list_twice(mnt: Path) -> None:
         for _ in range(2):
-            for folder in ("folder0", "folder1", "folder2", "."):
+            for folder in (".", "folder0", "folder1", "folder2"):
                 expected = sorted({name.split("/")[1] for name in FILES if name.startswith(folder + "/")})
                 if folder == ".":
                     expected = ["folder0", "folder1", "folder2"]

@@ -427,22 +427,39 @@ class _RecordingPrefetcher:
         self.requests.append(("closed", 0))
 
 
-def test_lookup_runs_ask_for_the_folder_to_be_listed(tmp_path: Path) -> None:
-    """The run of lookups that makes the replies of a whole folder also asks the prefetcher to
-    list that folder through the mount; single lookups here and there do not."""
+def test_lookup_runs_hand_the_folder_to_the_prefetcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lookups in a row in one folder (a stat of every file) hand that folder, with its size,
+    to the prefetcher once per run; random opens, which alternate between a folder and its
+    parent, never do; a folder too large to make replies for is still counted (up to a limit)."""
+    from ratarmount import lowlevel_ops
+
+    monkeypatch.setattr(lowlevel_ops, "REPLY_FOLDER_MAX", 8)
     archive = tmp_path / "runs.tar"
-    archive.write_bytes(tar_bytes({**{f"a/f{i}": b"a" for i in range(10)}, **{f"b/g{i}": b"b" for i in range(3)}}))
+    files = {**{f"a/f{i}": b"a" for i in range(10)}, **{f"b/g{i}": b"b" for i in range(3)}, "c/h": b"c"}
+    archive.write_bytes(tar_bytes(files))
     with ratarmountcore.open(str(archive)) as source:
         prefetcher = _RecordingPrefetcher()
         ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
         ops.init(no_open_supported=True)
         a = lookup(ops, ROOT_ID, b"a")[0]
         b = lookup(ops, ROOT_ID, b"b")[0]
-        lookup(ops, a, b"f0")
-        assert prefetcher.requests == [("/", 2)]  # "a" then "b" in the root: a run there
-        for name in (b"f1", b"f2", b"f3"):
+        assert prefetcher.requests == [("/", 3)]  # a run in the root, two lookups long
+        for folder, name in ((a, b"f0"), (b, b"g0"), (a, b"f1"), (b, b"g1")):  # alternating
+            lookup(ops, folder, name)
+            lookup(ops, ROOT_ID, b"c")
+        assert prefetcher.requests == [("/", 3)]
+        for name in (b"f2", b"f3", b"missing", b"f4"):
             lookup(ops, a, name)
-        lookup(ops, b, b"g0")
-        assert prefetcher.requests == [("/", 2), ("/a", 10)]
+        assert prefetcher.requests == [("/", 3), ("/a", 10)]  # 10 > REPLY_FOLDER_MAX: counted
         ops.destroy()
         assert prefetcher.requests[-1] == ("closed", 0)
+
+
+def test_folders_are_counted_without_loading_them_whole(tmp_path: Path) -> None:
+    archive = tmp_path / "wide.tar"
+    archive.write_bytes(tar_bytes({f"wide/f{i:03d}": b"w" for i in range(300)}))
+    with ratarmountcore.open(str(archive)) as source:
+        assert [name for name, _ in source.list_entries_upto("/wide", 5)] == ["f000", "f001", "f002", "f003", "f004"]
+        assert len(source.list_entries_upto("/wide", 1000) or []) == 300
+        assert [name for name, _ in source.list_entries_upto("/", 5) or []] == ["wide"]
+        assert source.list_entries_upto("/wide/f001", 5) is None and source.list_entries_upto("/nope", 5) is None

@@ -175,6 +175,15 @@ class ArchiveSource(MountSource):
         rows = self._index.list(encode(path))
         return [(_decode(row[2]), row_to_info(row)) for row in rows if row[2]]
 
+    def list_entries_upto(self, path: str, limit: int) -> Optional[List[Tuple[str, FileInfo]]]:
+        info = self.lookup(path)
+        if info is None or not info.is_dir:
+            return None
+        if info.ino == 0:  # PATH.versions: a few rows
+            return super().list_entries_upto(path, limit)
+        rows = self._index.list(encode(path), limit + 1)  # the archive's own "./" row has no name
+        return [(_decode(row[2]), row_to_info(row)) for row in rows if row[2]][:limit]
+
     def open_info(self, info: FileInfo) -> MemberFile:
         locator = info.locator
         if not isinstance(locator, ArchiveLocator):

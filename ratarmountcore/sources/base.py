@@ -8,6 +8,7 @@ A ``MountSource`` answers four primitives -- ``lookup``, ``list_entries``, ``ope
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import posixpath
 import stat as stat_module
@@ -82,6 +83,12 @@ class MountSource(ABC):
     @abstractmethod
     def list_entries(self, path: str) -> Optional[Iterable[Tuple[str, FileInfo]]]:
         """(name, info) of the entries of directory ``path``, or None if it is not a directory."""
+
+    def list_entries_upto(self, path: str, limit: int) -> Optional[List[Tuple[str, FileInfo]]]:
+        """The first ``limit`` entries of ``list_entries(path)``: enough to tell whether a folder
+        is small without loading a large one whole. Sources that can stop early override it."""
+        entries = self.list_entries(path)
+        return None if entries is None else list(itertools.islice(entries, limit))
 
     @abstractmethod
     def open_info(self, info: FileInfo) -> MemberFile:

@@ -7,7 +7,6 @@ relies on it.
 
 from __future__ import annotations
 
-import statistics
 from typing import TYPE_CHECKING, List, Optional
 
 from ..errors import CorruptHeaderError
@@ -39,7 +38,15 @@ def typical_member_size(head: bytes, most: int = 200) -> Optional[int]:
         if header[156:157] in _DATA_TYPES and size >= 0:
             sizes.append(size)
         position += BLOCK + (size + BLOCK - 1) // BLOCK * BLOCK
-    return int(statistics.median(sizes)) if sizes else None
+    return _median(sizes) if sizes else None
+
+
+def _median(values: List[int]) -> int:
+    """The median, rounded down (``statistics`` would bring decimal and fractions into the mount
+    daemon, ~0.5 MiB, for this one call)."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) // 2
 
 
 def tell_member_size(reader: "CompressedReader") -> None:
