@@ -78,6 +78,8 @@ class LowLevelOperations:
         self._handed_over = 0
         #: Sizes of the folders whose replies were made, counted up to FOLDER_MAX + 1.
         self._folder_sizes: "collections.OrderedDict[int, int]" = collections.OrderedDict()
+        #: The entries of the folder whose replies were made last (complete), for its listing.
+        self._run_entries: Tuple[int, List[Tuple[str, FileInfo]]] = (0, [])
         # Sources with stable, unique inode numbers name their entries themselves (node id =
         # inode number, nothing to remember); entries without one, and all entries of other
         # sources, get ids from the table.
@@ -229,6 +231,8 @@ class LowLevelOperations:
                 self._folder_sizes[parent] = len(entries)
                 if len(self._folder_sizes) > REPLY_FOLDERS_MAX:
                     self._folder_sizes.popitem(last=False)
+                if len(entries) <= limit:  # complete: the listing the prefetch asks for next
+                    self._run_entries = (parent, entries)
             self._reply_count -= len(self._replies.pop(parent, ()))  # made twice by two threads
             self._replies[parent] = _NOT_CACHED if replies is None else replies
             self._reply_count += len(replies or ())
@@ -313,7 +317,12 @@ class LowLevelOperations:
 
     def _make_listing(self, node: int) -> List[Listed]:
         path, own = self._resolve(node)
-        entries = self.source.list_entries(path)
+        run_folder, run_entries = self._run_entries
+        if run_folder == node:  # listed for a run of lookups: its rows were just read
+            self._run_entries = (0, [])
+            entries: Optional[Iterable[Tuple[str, FileInfo]]] = run_entries
+        else:
+            entries = self.source.list_entries(path)
         if entries is None:
             raise _errno(errno.ENOTDIR)
         parent = self._entry(path.rsplit("/", 1)[0] or "/") if path != "/" else own

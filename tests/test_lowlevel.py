@@ -453,6 +453,17 @@ def test_lookup_runs_hand_the_folder_to_the_prefetcher(tmp_path: Path, monkeypat
         assert prefetcher.requests == [("/", 3), ("/a", 10)]  # 10 > REPLY_FOLDER_MAX: counted
         ops.destroy()
         assert prefetcher.requests[-1] == ("closed", 0)
+        # A run in a folder whose replies were not made yet: the listing the prefetcher asks for
+        # next is made from the rows the run just read, and equals one made from the index.
+        ops = LowLevelOperations(source, prefetcher=_RecordingPrefetcher())  # type: ignore[arg-type]
+        ops.init(no_open_supported=True)
+        a = lookup(ops, ROOT_ID, b"a")[0]
+        lookup(ops, a, b"f0")
+        lookup(ops, a, b"f1")
+        assert ops._run_entries[0] == a
+        reference = LowLevelOperations(source)
+        assert list_all(ops, a, plus=True, size=4096) == list_all(reference, a, plus=True, size=4096)
+        assert ops._run_entries == (0, [])
 
 
 def test_folders_are_counted_without_loading_them_whole(tmp_path: Path) -> None:
