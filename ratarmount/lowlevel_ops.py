@@ -76,8 +76,8 @@ class LowLevelOperations:
         self.prefetcher = prefetcher
         self._last_parent = 0
         self._handed_over = 0
-        #: Sizes of the folders whose replies were made, counted up to FOLDER_MAX + 1.
-        self._folder_sizes: "collections.OrderedDict[int, int]" = collections.OrderedDict()
+        #: Sizes of the folders whose replies were made (by path), counted up to FOLDER_MAX + 1.
+        self._folder_sizes: "collections.OrderedDict[str, int]" = collections.OrderedDict()
         #: The entries of the folder whose replies were made last (complete), for its listing.
         self._run_entries: Tuple[int, List[Tuple[str, FileInfo]]] = (0, [])
         # Sources with stable, unique inode numbers name their entries themselves (node id =
@@ -197,9 +197,17 @@ class LowLevelOperations:
         if parent == self._handed_over or self.prefetcher is None:
             return
         self._handed_over = parent
-        size = self._folder_sizes.get(parent)
+        path = self._resolve(parent)[0]
+        sizes = self._folder_sizes
+        size = sizes.get(path)
         if size is not None:
-            self.prefetcher.request(self._resolve(parent)[0], size)
+            self.prefetcher.request(path, size)
+            # Its parent too, when its lookups came in runs as well (a walk over every file of
+            # the tree looks up each folder there between the runs in them).
+            above = path.rsplit("/", 1)[0] or "/"
+            size = sizes.get(above) if path != "/" else None
+            if size is not None:
+                self.prefetcher.request(above, size)
 
     def _lookup_slow(self, parent: int, name: bytes) -> bytes:
         base = self._resolve(parent)[0]
@@ -228,7 +236,7 @@ class LowLevelOperations:
         replies = self._build_replies(path, entries) if entries is not None else None
         with self._replies_lock:
             if entries is not None and self.prefetcher is not None:
-                self._folder_sizes[parent] = len(entries)
+                self._folder_sizes[path] = len(entries)
                 if len(self._folder_sizes) > REPLY_FOLDERS_MAX:
                     self._folder_sizes.popitem(last=False)
                 if len(entries) <= limit:  # complete: the listing the prefetch asks for next
