@@ -205,7 +205,11 @@ def _index_compressed_member(ctx: _Context, record: MemberRecord, fmt: FormatId,
         ctx.writer.add_nested_archive(folder_id, record.offset_data, record.size, fmt.value)
 
         def scan() -> None:
-            _scan(ctx, reader, None, record.path, 0, depth + 1, folder_id)
+            try:
+                _scan(ctx, reader.scan_reader(), None, record.path, 0, depth + 1, folder_id)
+            except RatarmountError:
+                reader.end_scan()
+                raise
             reader.export_seek_points(NamespacedSeekPoints(ctx.writer, folder_id))
 
         _descend(ctx, record, scan)

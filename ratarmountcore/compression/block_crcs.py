@@ -1,0 +1,170 @@
+"""CRC-32C of every 16 KiB block of a gzip stream's decompressed data.
+
+gzip carries one CRC-32 per member, which only a decode from the member's start can check, and
+random reads start at seek points in the middle. Deflate's own structure catches some damage
+there, not all: a bit flipped after the index was built (bit rot on a long-lived dataset) made
+reads return wrong bytes without an error (12 single-bit flips in a 6 MB .tar.gz: 122 members
+served wrong, measured before this module existed). So the first pass, which decodes the whole
+stream anyway, also records the CRC-32C of each ``BLOCK`` bytes of decompressed data, and every
+later read is widened to whole blocks and checked against them before a byte is returned.
+CRC-32C (Castagnoli) because the ``crc32c`` package computes it with the CPU's instruction:
+8.6 GB/s here against 2.9 GB/s for ``zlib.crc32``, which cost sequential reads of a large
+.tar.gz through the mount a quarter of their speed.
+
+Blocks are aligned to the decompressed stream, not to seek points: a decoder can start at the
+seek point before any block and discard what precedes it, so every block is checkable however
+the seek points fall. The table costs 4 bytes per 16 KiB (256 KiB of index per GiB of data; a seek point's window
+alone is 32 KiB).
+"""
+
+from __future__ import annotations
+
+import array
+import logging
+from typing import List, Optional, Sequence, Union
+
+from crc32c import crc32c as _crc
+
+from ..errors import CorruptDataError
+from ..io.readers import RandomAccessReader
+from .base import pack_seek_points, unpack_seek_points
+
+logger = logging.getLogger(__name__)
+
+#: 16 KiB: reads touching a block that straddles a seek point need the spans on both sides of
+#: it (4% of small random reads with 384 KiB spans); 4 bytes per 16 KiB of data.
+BLOCK = 16 * 1024
+#: Name of the table's rows in the index's ``seek_points``.
+TABLE_NAME = "gzip-crc32c"
+#: Pieces the first pass reads to fill a gap (data the scan skipped) or to reach the end.
+_PIECE = 1024 * 1024
+
+Buffer = Union[bytes, bytearray, memoryview]
+
+
+class BlockCrcs:
+    """The table of one stream of ``size`` decompressed bytes (the last block may be short)."""
+
+    def __init__(self, crcs: "array.array[int]", size: int, block: int = BLOCK) -> None:
+        if len(crcs) != -(-size // block):
+            raise ValueError(f"{len(crcs)} block checksums for {size} bytes")
+        self.crcs = crcs
+        self.size = size
+        self.block = block
+
+    def span(self, offset: int, size: int) -> "tuple[int, int]":
+        """``[offset, offset + size)`` widened to whole blocks (clipped to the stream)."""
+        block = self.block
+        end = min(self.size, offset + size)
+        return offset // block * block, min(self.size, -(-end // block) * block)
+
+    def verify(self, path: str, start: int, data: Buffer) -> None:
+        """Raise ``CorruptDataError`` unless ``data`` (whole blocks from ``start``) matches."""
+        self.verify_pieces(path, start, [data])
+
+    def verify_pieces(self, path: str, start: int, pieces: Sequence[Buffer]) -> None:
+        """Like ``verify`` for data given as consecutive pieces (blocks may span pieces)."""
+        block = self.block
+        crcs = self.crcs
+        if start % block:
+            raise ValueError("data must start at a block boundary")
+        number = start // block
+        crc = 0
+        filled = 0
+        for piece in pieces:
+            view = memoryview(piece).cast("B")
+            while view:
+                take = min(len(view), block - filled)
+                crc = _crc(view[:take], crc)
+                filled += take
+                view = view[take:]
+                if filled == block or number * block + filled == self.size:  # a block, or the last one
+                    if crc != crcs[number]:
+                        raise CorruptDataError(
+                            f"{path}: decompressed data at offset {number * block} does not match the checksum "
+                            "recorded when the index was built (the file was damaged since)"
+                        )
+                    number += 1
+                    crc = 0
+                    filled = 0
+        if filled:
+            raise ValueError("data does not end at a block boundary")
+
+    def parts(self) -> List[bytes]:
+        return pack_seek_points({"size": self.size, "block": self.block}, self.crcs.tobytes())
+
+    @classmethod
+    def from_parts(cls, parts: Sequence[bytes]) -> Optional["BlockCrcs"]:
+        found = unpack_seek_points(list(parts))
+        if found is None:
+            return None
+        header, payload = found
+        crcs = array.array("I")
+        crcs.frombytes(payload)
+        return cls(crcs, int(header["size"]), int(header["block"]))
+
+
+class CrcCollector:
+    """Builds the table from the decompressed stream, fed in order."""
+
+    def __init__(self, block: int = BLOCK) -> None:
+        self.block = block
+        self.position = 0
+        self._crcs: "array.array[int]" = array.array("I")
+        self._crc = 0
+        self._filled = 0
+
+    def feed(self, data: bytes) -> None:
+        view = memoryview(data)
+        block = self.block
+        while view:
+            take = min(len(view), block - self._filled)
+            self._crc = _crc(view[:take], self._crc)
+            self._filled += take
+            view = view[take:]
+            if self._filled == block:
+                self._crcs.append(self._crc)
+                self._crc = 0
+                self._filled = 0
+        self.position += len(data)
+
+    def table(self) -> BlockCrcs:
+        crcs = array.array("I", self._crcs)
+        if self._filled:
+            crcs.append(self._crc)
+        return BlockCrcs(crcs, self.position, self.block)
+
+
+class CrcScan:
+    """The first pass's reader with the table built on the way: every decompressed byte goes
+    through the collector once, in order, including the data a scan skips (read instead)."""
+
+    def __init__(self, inner: RandomAccessReader, collector: CrcCollector) -> None:
+        self.inner = inner
+        self.collector = collector
+        self.ended = False
+
+    def pread(self, offset: int, size: int) -> bytes:
+        collector = self.collector
+        while collector.position < offset and not self.ended:
+            self._feed_next(min(_PIECE, offset - collector.position))
+        data = self.inner.pread(offset, size)
+        start = collector.position - offset
+        if 0 <= start < len(data):
+            collector.feed(data[start:])
+        return data
+
+    def _feed_next(self, size: int) -> None:
+        piece = self.inner.pread(self.collector.position, size)
+        if not piece:
+            self.ended = True
+            return
+        self.collector.feed(piece)
+
+    def read_to_end(self) -> BlockCrcs:
+        while not self.ended:
+            self._feed_next(_PIECE)
+        return self.collector.table()
+
+    def close(self) -> None:
+        return None  # the inner reader belongs to the compressed reader
