@@ -16,11 +16,12 @@ from typing import Dict
 
 
 def backend_versions() -> Dict[str, str]:
-    """Installed versions of the optional decompression libraries (no import of the libraries)."""
+    """Installed versions of the decompression libraries and of crc32c (gzip block checksums),
+    without importing them."""
     from importlib import metadata
 
     result = {}
-    for name in ("rapidgzip", "indexed_gzip", "zstandard", "python-xz"):
+    for name in ("rapidgzip", "indexed_gzip", "zstandard", "python-xz", "crc32c"):
         try:
             result[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
