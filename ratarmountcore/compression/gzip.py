@@ -39,8 +39,9 @@ PARALLEL_CHUNK = 1024 * 1024
 #: The empty member that ends a BGZF file (bgzip, samtools).
 #: Last blocks of large reads kept for the sequential readers that continue them.
 AHEAD_KEPT = 8
-#: Checked blocks kept for small reads (16 KiB each: 2 MiB).
-CHECKED_BLOCKS = 128
+#: Checked blocks kept for small reads (16 KiB each), per reader: a sequential reader of small
+#: files needs the block it is in; a union of 200 archives keeps 200 times this.
+CHECKED_BLOCKS = 8
 BGZF_EOF = bytes.fromhex("1f8b08040000000000ff0600424302001b0003000000000000000000")
 
 
