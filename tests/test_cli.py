@@ -58,7 +58,17 @@ def test_version_lists_backends() -> None:
     result = run_ratarmount("--version")
     assert result.returncode == 0
     assert "fuse front-end: " in result.stdout
-    for name in ("ratarmount", "mfusepy", "libfuse", "sqlite", "rapidgzip", "indexed_gzip", "zstandard", "python-xz", "crc32c"):
+    for name in (
+        "ratarmount",
+        "mfusepy",
+        "libfuse",
+        "sqlite",
+        "rapidgzip",
+        "indexed_gzip",
+        "zstandard",
+        "python-xz",
+        "crc32c",
+    ):
         assert name in result.stdout
 
 
