@@ -7,7 +7,6 @@ from __future__ import annotations
 import array
 import errno
 import gzip
-import io
 import os
 import random
 import sqlite3
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 import pytest
-from conftest import Mounter
+from conftest import Mounter, tar_bytes
 
 import ratarmountcore
 from ratarmountcore.compression import gzip as gzip_backend
@@ -42,13 +41,7 @@ def make_members(rng: random.Random, count: int) -> Dict[str, bytes]:
 
 
 def tar_gz(path: Path, members: Dict[str, bytes]) -> Path:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    path.write_bytes(gzip.compress(buffer.getvalue(), compresslevel=6, mtime=0))
+    path.write_bytes(gzip.compress(tar_bytes(members), compresslevel=6, mtime=0))
     return path
 
 
@@ -259,11 +252,7 @@ def test_gzip_cli_archive_made_elsewhere(tmp_path: Path) -> None:
     """An archive from GNU gzip (not Python's module), checked the same way."""
     members = make_members(random.Random(9), 100)
     plain = tmp_path / "cli.tar"
-    with tarfile.open(plain, "w") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+    plain.write_bytes(tar_bytes(members))
     subprocess.run(["gzip", "-f", str(plain)], check=True)
     archive = tmp_path / "cli.tar.gz"
     assert read_all(archive, members, options()) == (len(members), 0)
