@@ -21,7 +21,7 @@ from conftest import Mounter, tar_bytes
 import ratarmountcore
 from ratarmountcore.compression import gzip as gzip_backend
 from ratarmountcore.compression.block_crcs import TABLE_NAME, BlockCrcs, CrcCollector, CrcScan
-from ratarmountcore.errors import CorruptDataError, InvalidIndexError
+from ratarmountcore.errors import ArchiveError, CorruptDataError, InvalidIndexError
 from ratarmountcore.index.fingerprint import SAMPLE, SAMPLES
 from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
 
@@ -141,6 +141,24 @@ def test_single_gz_file_and_tar_gz_inside_a_tar(tmp_path: Path) -> None:
         good, failed = read_all(outer, members, opts, prefix="inner.tar.gz/")
         failures += failed
     assert failures > 0
+
+
+@pytest.mark.parametrize("first_pass", ["rapidgzip", "rapidgzip-child", "indexed_gzip"])
+def test_a_tar_cut_short_inside_whole_gzip_data_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first_pass: str
+) -> None:
+    """The gzip stream is complete, the tar in it ends inside a member: the scan asks the first
+    pass's reader for the stream's size, which it learns by reading on."""
+    if first_pass == "rapidgzip-child":
+        monkeypatch.setattr(gzip_backend.RapidgzipReader, "scan_process_min", 0)
+    tar = tar_bytes(make_members(random.Random(4), 200))
+    archive = tmp_path / "cut.tar.gz"
+    archive.write_bytes(gzip.compress(tar[: len(tar) * 2 // 3], mtime=0))
+    with pytest.raises(ArchiveError) as caught:
+        ratarmountcore.open(str(archive), options(first_pass.split("-")[0]))
+    message = str(caught.value)
+    assert message.startswith(str(archive)) and "\n" not in message and "ends inside" in message, message
+    assert not list(tmp_path.glob("cut.tar.gz.index*"))
 
 
 def test_an_index_without_block_checksums_is_refused(tmp_path: Path) -> None:

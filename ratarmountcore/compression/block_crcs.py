@@ -161,6 +161,13 @@ class CrcScan:
             return
         self.collector.feed(piece)
 
+    @property
+    def size(self) -> int:
+        """The decompressed size, learnt by reading (and checksumming) the rest of the stream:
+        the tar scan asks for it only at an archive that ends inside a member."""
+        self.read_to_end()
+        return self.collector.position
+
     def read_to_end(self) -> BlockCrcs:
         while not self.ended:
             self._feed_next(_PIECE)
