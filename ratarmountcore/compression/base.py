@@ -251,6 +251,17 @@ class CompressedReader(ABC):
         ``export_seek_points``: this reader, or one over a decoder elsewhere."""
         return self
 
+    @contextlib.contextmanager
+    def first_pass(self) -> Iterator[RandomAccessReader]:
+        """``scan_reader`` for a pass that ends with ``export_seek_points``; when the pass fails,
+        ``end_scan`` has its say first (a failing decoder explains a damaged stream best)."""
+        reader = self.scan_reader()
+        try:
+            yield reader
+        except RatarmountError:
+            self.end_scan()
+            raise
+
     def compressed_progress(self) -> Optional[int]:
         """Compressed bytes read so far, for progress bars of a first pass; None when what has
         been read says little about how far decoding has come."""

@@ -65,30 +65,21 @@ class BlockCrcs:
     def verify_pieces(self, path: str, start: int, pieces: Sequence[Buffer]) -> None:
         """Like ``verify`` for data given as consecutive pieces (blocks may span pieces)."""
         block = self.block
-        crcs = self.crcs
         if start % block:
             raise ValueError("data must start at a block boundary")
-        number = start // block
-        crc = 0
-        filled = 0
+        collector = CrcCollector(block)
         for piece in pieces:
-            view = memoryview(piece).cast("B")
-            while view:
-                take = min(len(view), block - filled)
-                crc = _crc(view[:take], crc)
-                filled += take
-                view = view[take:]
-                if filled == block or number * block + filled == self.size:  # a block, or the last one
-                    if crc != crcs[number]:
-                        raise CorruptDataError(
-                            f"{path}: decompressed data at offset {number * block} does not match the checksum "
-                            "recorded when the index was built (the file was damaged since)"
-                        )
-                    number += 1
-                    crc = 0
-                    filled = 0
-        if filled:
+            collector.feed(piece)
+        end = start + collector.position
+        if end % block and end != self.size:
             raise ValueError("data does not end at a block boundary")
+        first = start // block
+        for number, crc in enumerate(collector.checksums(), start=first):
+            if crc != self.crcs[number]:
+                raise CorruptDataError(
+                    f"{path}: decompressed data at offset {number * block} does not match the checksum "
+                    "recorded when the index was built (the file was damaged since)"
+                )
 
     def parts(self) -> List[bytes]:
         return pack_seek_points({"size": self.size, "block": self.block}, self.crcs.tobytes())
@@ -114,25 +105,30 @@ class CrcCollector:
         self._crc = 0
         self._filled = 0
 
-    def feed(self, data: bytes) -> None:
-        view = memoryview(data)
+    def feed(self, data: Buffer) -> None:
+        view = memoryview(data).cast("B")
+        self.position += len(view)
         block = self.block
+        crc, filled, crcs = self._crc, self._filled, self._crcs  # locals: large reads go through here
         while view:
-            take = min(len(view), block - self._filled)
-            self._crc = _crc(view[:take], self._crc)
-            self._filled += take
+            take = min(len(view), block - filled)
+            crc = _crc(view[:take], crc)
+            filled += take
             view = view[take:]
-            if self._filled == block:
-                self._crcs.append(self._crc)
-                self._crc = 0
-                self._filled = 0
-        self.position += len(data)
+            if filled == block:
+                crcs.append(crc)
+                crc = filled = 0
+        self._crc, self._filled = crc, filled
 
-    def table(self) -> BlockCrcs:
+    def checksums(self) -> "array.array[int]":
+        """One per block fed so far, the last one possibly short."""
         crcs = array.array("I", self._crcs)
         if self._filled:
             crcs.append(self._crc)
-        return BlockCrcs(crcs, self.position, self.block)
+        return crcs
+
+    def table(self) -> BlockCrcs:
+        return BlockCrcs(self.checksums(), self.position, self.block)
 
 
 class CrcScan:

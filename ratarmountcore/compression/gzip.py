@@ -36,12 +36,12 @@ MAX_SPACING = 1024 * 1024 * 1024
 #: Decoders for large reads and scans use seek points at least this far apart (compressed bytes):
 #: rapidgzip decodes in parallel chunk by chunk, and smaller chunks cost it more overhead.
 PARALLEL_CHUNK = 1024 * 1024
-#: The empty member that ends a BGZF file (bgzip, samtools).
 #: Last blocks of large reads kept for the sequential readers that continue them.
 AHEAD_KEPT = 8
 #: Checked blocks kept for small reads (16 KiB each), per reader: a sequential reader of small
 #: files needs the block it is in; a union of 200 archives keeps 200 times this.
 CHECKED_BLOCKS = 8
+#: The empty member that ends a BGZF file (bgzip, samtools).
 BGZF_EOF = bytes.fromhex("1f8b08040000000000ff0600424302001b0003000000000000000000")
 
 
@@ -139,17 +139,17 @@ class _GzipReader(PooledReader):
             self._crc_scan = None
         return self._crcs
 
-    def _store_crcs(self, crcs: BlockCrcs, writer: SeekPointWriter) -> None:
+    def export_seek_points(self, writer: SeekPointWriter) -> None:
+        crcs = self._complete_crcs()  # reads what the scan left (from a child process too)
+        self._export_decoder_seek_points(writer)
         if crcs.size != self._size:
             raise CorruptDataError(
                 f"{self.path}: the first pass read {crcs.size} decompressed bytes, the decoder counts {self._size}"
             )
         writer.put_seek_points(TABLE_NAME, crcs.parts())
 
-    def export_seek_points(self, writer: SeekPointWriter) -> None:
-        crcs = self._complete_crcs()
+    def _export_decoder_seek_points(self, writer: SeekPointWriter) -> None:
         super().export_seek_points(writer)
-        self._store_crcs(crcs, writer)
 
     def import_seek_points(self, index: SeekPointSource) -> None:
         super().import_seek_points(index)
@@ -178,7 +178,7 @@ class _GzipReader(PooledReader):
         if start >= end:
             return b""
         block = crcs.block
-        if end - start == block or end == crcs.size and end - start <= block:  # one block
+        if end - start <= block:  # one block (the last one may be short)
             with self._checked_lock:
                 data = self._checked_blocks.get(start)
                 if data is not None:
@@ -433,7 +433,7 @@ class RapidgzipReader(_GzipReader):
         return min(self.compressed_size, scan.process.compressed_read())
 
     def end_scan(self) -> None:
-        self._crc_scan = None
+        super().end_scan()
         self._end_process_scan()
 
     def _end_process_scan(self) -> Optional[Tuple[int, bytes]]:
@@ -457,18 +457,16 @@ class RapidgzipReader(_GzipReader):
         self._check_complete(size)
         return size, payload
 
-    def export_seek_points(self, writer: SeekPointWriter) -> None:
-        crcs = self._complete_crcs()  # reads what the scan left, from the child too
+    def _export_decoder_seek_points(self, writer: SeekPointWriter) -> None:
         done = self._end_process_scan()
         if done is None:
-            PooledReader.export_seek_points(self, writer)
-        else:
-            size, payload = done
-            self._use_seek_points(size, lambda: payload)
-            header = {"size": size, "compressed_size": self.compressed_size}
-            writer.put_seek_points(self.backend_name, pack_seek_points(header, payload))
-            logger.debug("%s: stored %d bytes of seek points made by the child process", self.path, len(payload))
-        self._store_crcs(crcs, writer)
+            super()._export_decoder_seek_points(writer)
+            return
+        size, payload = done
+        self._use_seek_points(size, lambda: payload)
+        header = {"size": size, "compressed_size": self.compressed_size}
+        writer.put_seek_points(self.backend_name, pack_seek_points(header, payload))
+        logger.debug("%s: stored %d bytes of seek points made by the child process", self.path, len(payload))
 
     def close(self) -> None:
         scan, self._process_scan = self._process_scan, None

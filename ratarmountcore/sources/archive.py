@@ -278,14 +278,11 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
                 )  # fmt: skip
                 return
             tell_member_size(compressed)
-            try:
+            with compressed.first_pass() as scan:
                 index_tar(
-                    compressed.scan_reader(), None, writer, path, options.index.progress, options.recursive,
+                    scan, None, writer, path, options.index.progress, options.recursive,
                     options.compression, compressed=(compressed.compressed_size, compressed.compressed_progress),
                 )  # fmt: skip
-            except RatarmountError:
-                compressed.end_scan()  # a failing decoder explains a damaged stream best
-                raise
             compressed.export_seek_points(writer)
 
         index = open_or_build(path, stats, options.index, build_options, build, owner)

@@ -205,11 +205,8 @@ def _index_compressed_member(ctx: _Context, record: MemberRecord, fmt: FormatId,
         ctx.writer.add_nested_archive(folder_id, record.offset_data, record.size, fmt.value)
 
         def scan() -> None:
-            try:
-                _scan(ctx, reader.scan_reader(), None, record.path, 0, depth + 1, folder_id)
-            except RatarmountError:
-                reader.end_scan()
-                raise
+            with reader.first_pass() as scan_reader:
+                _scan(ctx, scan_reader, None, record.path, 0, depth + 1, folder_id)
             reader.export_seek_points(NamespacedSeekPoints(ctx.writer, folder_id))
 
         _descend(ctx, record, scan)
