@@ -165,12 +165,19 @@ class LowLevelOperations:
 
     # --- names --------------------------------------------------------------------------------
     def lookup(self, parent: int, name: bytes) -> bytes:
-        reply = self._lookup(parent, name)
-        if self.prefetcher is not None:
+        reply, info = self._lookup(parent, name)
+        in_run = parent == self._last_parent
+        self._last_parent = parent
+        if in_run:
             self._follow_run(parent)
+        elif info is not None and info.is_file:
+            # Not one of a run of lookups in one folder (a stat of every file): a random open,
+            # whose READ follows at once. The source may start fetching the data now.
+            self.source.will_read(info)
         return reply
 
-    def _lookup(self, parent: int, name: bytes) -> bytes:
+    def _lookup(self, parent: int, name: bytes) -> Tuple[bytes, Optional[FileInfo]]:
+        """The LOOKUP reply, with the entry's metadata when it exists."""
         replies = self._replies.get(parent)
         if replies is not None:
             if replies is _NOT_CACHED:
@@ -178,9 +185,9 @@ class LowLevelOperations:
             hit = replies.get(name)
             if hit is not None:
                 self._remember(hit[0], hit[2])
-                return hit[1]
+                return hit[1], hit[2][1][0]
             if not name.endswith(VERSIONS_SUFFIX):  # pseudo entries are not listed
-                return self._negative
+                return self._negative, None
         elif self._stable and self.source.is_immutable:
             if self._recent_parents.again(parent):
                 self._load_replies(parent)
@@ -191,9 +198,6 @@ class LowLevelOperations:
         """Two lookups in a row in one folder (a stat or open of every file; random opens
         alternate between a folder and its parent): hand the folder to the prefetcher, once per
         run, with its size from the replies made for the run."""
-        if parent != self._last_parent:
-            self._last_parent = parent
-            return
         if parent == self._handed_over or self.prefetcher is None:
             return
         self._handed_over = parent
@@ -209,17 +213,17 @@ class LowLevelOperations:
             if size is not None:
                 self.prefetcher.request(above, size)
 
-    def _lookup_slow(self, parent: int, name: bytes) -> bytes:
+    def _lookup_slow(self, parent: int, name: bytes) -> Tuple[bytes, Optional[FileInfo]]:
         base = self._resolve(parent)[0]
         text = name.decode(ENCODING, "surrogateescape")
         path = ("/" + text) if base == "/" else (base + "/" + text)
         entry = self._entry(path)
         if entry is None:
-            return self._negative
+            return self._negative, None
         node = self._node_of(path, entry[0])
         if node < self.nodes.first:
             self._remember(node, (path, entry))
-        return abi.entry_out(node, self._attr(node, entry), self._timeout)
+        return abi.entry_out(node, self._attr(node, entry), self._timeout), entry[0]
 
     def _remember(self, node: int, found: Tuple[str, Entry]) -> None:
         recent = self._looked_up

@@ -476,3 +476,34 @@ def test_folders_are_counted_without_loading_them_whole(tmp_path: Path) -> None:
         assert len(source.list_entries_upto("/wide", 1000) or []) == 300
         assert [name for name, _ in source.list_entries_upto("/", 5) or []] == ["wide"]
         assert source.list_entries_upto("/wide/f001", 5) is None and source.list_entries_upto("/nope", 5) is None
+
+
+@pytest.mark.parametrize("union", [False, True])
+def test_random_opens_tell_the_source_what_will_be_read(tmp_path: Path, union: bool) -> None:
+    """A file looked up right after a lookup in another folder (a random open: folder, then
+    file) is handed to ``will_read``; lookups in a row in one folder (a stat of every file)
+    and folders are not. Unions pass the hint on to the archive that holds the file."""
+    archive = tmp_path / "hints.tar"
+    archive.write_bytes(tar_bytes({"a/f0": b"0", "a/f1": b"1", "a/f2": b"2", "c/h": b"h"}))
+    paths = [str(archive), str(make_tar(tmp_path / "other.tar"))] if union else str(archive)
+    with ratarmountcore.open(paths) as source:
+        hinted: List[Tuple[int, int]] = []
+        archive_source = source.sources[0] if union else source  # type: ignore[attr-defined]
+        original = archive_source.will_read
+
+        def recording(info: "ratarmountcore.FileInfo") -> None:
+            hinted.append((info.locator.offset, info.size))
+            original(info)
+
+        archive_source.will_read = recording
+        ops = LowLevelOperations(source)
+        ops.init(no_open_supported=True)
+        a = lookup(ops, ROOT_ID, b"a")[0]
+        lookup(ops, a, b"f0")  # random open of a/f0
+        c = lookup(ops, ROOT_ID, b"c")[0]
+        lookup(ops, c, b"h")  # random open of c/h
+        lookup(ops, a, b"f1")  # a lookup in another folder than the last one
+        lookup(ops, a, b"f2")  # the same folder again: a run, no hint
+        lookup(ops, a, b"missing")
+        expected = [archive_source.lookup(p).locator for p in ("/a/f0", "/c/h", "/a/f1")]
+        assert hinted == [(locator.offset, 1) for locator in expected]

@@ -54,6 +54,25 @@ def preadinto(reader: "RandomAccessReader", offset: int, view: memoryview) -> in
     return len(data)
 
 
+def will_need(reader: "RandomAccessReader", offset: int, size: int) -> None:
+    """Tell the kernel that ``size`` bytes at ``offset`` of an uncompressed ``reader`` will be
+    read soon, so that it starts reading them from disk now (``POSIX_FADV_WILLNEED``; returns
+    at once). Compressed readers and platforms without ``posix_fadvise`` ignore it."""
+    if isinstance(reader, PlainFileReader):
+        fd, offset, size = reader.fd, offset, min(size, reader.size - offset)
+    elif isinstance(reader, FileWindow):
+        fd, offset, size = reader.fd, reader.offset + offset, min(size, reader.size - offset)
+    else:
+        return
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None or size <= 0 or fd < 0:
+        return
+    try:
+        advise(fd, offset, size, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass  # a hint only (e.g. a file system without readahead)
+
+
 class PlainFileReader:
     """``pread`` on a file descriptor."""
 

@@ -14,13 +14,16 @@ from ..index.builder import open_or_build
 from ..index.fingerprint import archive_stats
 from ..index.folder_rows import FolderRows
 from ..index.sqlite_index import IndexReader, IndexWriter, Row, decode_int, encode, split_path, unpack_sparse
-from ..io.readers import MemberFile, PlainFileReader, RandomAccessReader
+from ..io.readers import MemberFile, PlainFileReader, RandomAccessReader, will_need
 from ..options import CompressionOptions, OpenOptions
 from ..tar.indexing import NamespacedSeekPoints, index_tar, open_nested_compressed
 from ..tar.sample import tell_member_size
 from .base import VERSIONS_SUFFIX, FileInfo, MountSource
 
 logger = logging.getLogger(__name__)
+
+#: How much of a file ``will_read`` asks the kernel to fetch ahead (the start of a large one).
+WILL_READ_BYTES = 512 * 1024
 
 
 class ArchiveLocator(NamedTuple):
@@ -190,6 +193,11 @@ class ArchiveSource(MountSource):
             raise NotFoundError(2, "not a file of this archive")
         reader = self._reader if locator.source == 0 else self._nested_reader(locator.source)
         return MemberFile(reader, locator.offset, info.size, unpack_sparse(locator.sparse))
+
+    def will_read(self, info: FileInfo) -> None:
+        locator = info.locator
+        if isinstance(locator, ArchiveLocator) and locator.source == 0 and locator.sparse is None and info.size:
+            will_need(self._reader, locator.offset, min(info.size, WILL_READ_BYTES))
 
     def _nested_reader(self, row_id: int) -> RandomAccessReader:
         """The decompressor of a compressed archive inside this (uncompressed) one, made on first

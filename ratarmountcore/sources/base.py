@@ -103,6 +103,11 @@ class MountSource(ABC):
         """True when contents never change while mounted (lets FUSE cache everything)."""
         return True
 
+    def will_read(self, info: FileInfo) -> None:  # noqa: B027 - a hint, ignored by default
+        """A hint: the data of regular file ``info`` is likely to be read soon (a front-end
+        saw a lookup that looks like a random open). Sources that read from disk start
+        fetching (the beginning of) it in the background; it must return at once."""
+
     def by_ino(self, ino: int) -> Optional[Tuple[str, FileInfo]]:
         """(path, info) of the entry whose ``FileInfo.ino`` is ``ino`` (> 1), or None.
 

@@ -167,6 +167,11 @@ class UnionSource(MountSource):
             raise FileNotFoundError(2, "not a file of this union")
         return self.sources[locator.source].open_info(locator.info)
 
+    def will_read(self, info: FileInfo) -> None:
+        locator = info.locator
+        if isinstance(locator, UnionLocator):
+            self.sources[locator.source].will_read(locator.info)
+
     def statfs(self) -> dict:  # type: ignore[type-arg]
         result = dict(self.sources[0].statfs())
         for source in self.sources[1:]:
