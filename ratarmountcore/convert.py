@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable, Deque, List, Optional, Tuple
 
 from .compression.base import CompressedReader
+from .compression.frame_crcs import FrameCrcs, crcs_of
 from .compression.framed import FrameTable
 from .errors import ArchiveError, NotFoundError, RatarmountError, UnsupportedFormatError
 from .formats import COMPRESSIONS, FormatId, sniff_bytes
@@ -87,19 +88,24 @@ class FrameWriter:
         self._level = level
         self._threads = max(1, threads)
         self._executor = ThreadPoolExecutor(self._threads, thread_name_prefix="zstd-frame")
-        self._inflight: Deque[Tuple["Future[bytes]", int]] = collections.deque()
+        self._inflight: Deque[Tuple["Future[Tuple[bytes, Any]]", int]] = collections.deque()
         self._pending = bytearray()
         self._local = threading.local()
         self._offset = 0
         self.table = FrameTable()
+        #: Block checksums of the frames too large to be read whole (see ``frame_crcs``).
+        self.crcs = FrameCrcs({})
 
-    def _compress(self, chunk: bytes) -> bytes:
+    def _compress(self, chunk: bytes) -> Tuple[bytes, Any]:
+        from .compression.zstd import ZstdReader
+
         compressor = getattr(self._local, "compressor", None)
         if compressor is None:
             compressor = self._local.compressor = self._zstd.ZstdCompressor(
                 level=self._level, write_checksum=True, write_content_size=True
             )
-        return compressor.compress(chunk)  # type: ignore[no-any-return]
+        crcs = crcs_of(chunk) if len(chunk) > ZstdReader.whole_frame_limit else None
+        return compressor.compress(chunk), crcs
 
     def write(self, data: bytes) -> None:
         self._pending += data
@@ -119,9 +125,11 @@ class FrameWriter:
 
     def _write_oldest(self) -> None:
         future, length = self._inflight.popleft()
-        frame = future.result()
+        frame, crcs = future.result()
         self._out.write(frame)
-        self.table.append(self._offset, len(frame), length)
+        if crcs is not None:
+            self.crcs.by_frame[len(self.table)] = crcs
+        self.table.append(self._offset, len(frame), length, 1)  # 1: with its checksum
         self._offset += len(frame)
 
     def finish(self) -> FrameTable:
@@ -331,6 +339,7 @@ def convert_to_seekable_zstd(
         if layout == "single_file":
             rows.add(single_file_record(decompressed_name(dst_path), total, st.st_mode, stats, owner))
         rows.put_seek_points(ZstdReader.backend_name, ZstdReader.seek_point_blobs(table, stats.size))
+        rows.put_seek_points(ZstdReader.crc_table_name(), frames.crcs.parts(len(table)))
         os.replace(temp_path, dst_path)
         index_path = None
         if writer is not None:

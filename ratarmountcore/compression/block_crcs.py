@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import array
 import logging
-from typing import List, Optional, Sequence, Union
-
-from crc32c import crc32c as _crc
+from typing import Callable, List, Optional, Sequence, Union
 
 from ..errors import CorruptDataError
 from ..io.readers import RandomAccessReader
@@ -40,6 +38,18 @@ TABLE_NAME = "gzip-crc32c"
 _PIECE = 1024 * 1024
 
 Buffer = Union[bytes, bytearray, memoryview]
+_crc_function: Optional[Callable[[Buffer, int], int]] = None
+
+
+def crc32c_function() -> Callable[[Buffer, int], int]:
+    """``crc32c.crc32c``, imported on first use: the package imports ``importlib.metadata``
+    (24 ms, a quarter of a second mount that never reads a byte)."""
+    global _crc_function
+    if _crc_function is None:
+        from crc32c import crc32c
+
+        _crc_function = crc32c
+    return _crc_function
 
 
 class BlockCrcs:
@@ -104,15 +114,17 @@ class CrcCollector:
         self._crcs: "array.array[int]" = array.array("I")
         self._crc = 0
         self._filled = 0
+        self._function = crc32c_function()
 
     def feed(self, data: Buffer) -> None:
         view = memoryview(data).cast("B")
         self.position += len(view)
         block = self.block
         crc, filled, crcs = self._crc, self._filled, self._crcs  # locals: large reads go through here
+        function = self._function
         while view:
             take = min(len(view), block - filled)
-            crc = _crc(view[:take], crc)
+            crc = function(view[:take], crc)
             filled += take
             view = view[take:]
             if filled == block:

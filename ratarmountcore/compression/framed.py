@@ -27,6 +27,7 @@ Thread safety and memory:
 
 from __future__ import annotations
 
+import array
 import bisect
 import collections
 import concurrent.futures
@@ -39,9 +40,11 @@ from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, Dict, List, Optional, Set, Tuple, Union
 
-from ..errors import CorruptDataError
+from ..errors import CorruptDataError, InvalidIndexError
 from ..options import CompressionOptions
 from .base import CompressedReader, PlainFile, SeekPointSource, SeekPointWriter, pack_seek_points
+from .block_crcs import BLOCK, CrcCollector
+from .frame_crcs import FrameCrcs, crcs_of
 from .pool import InstancePool, Slot
 
 logger = logging.getLogger(__name__)
@@ -53,7 +56,8 @@ FrameData = Union[bytes, mmap.mmap]
 
 @dataclass
 class FrameTable:
-    """One row per non-empty frame, in file order. ``aux`` is backend-specific (xz: check id)."""
+    """One row per non-empty frame, in file order. ``aux`` is backend-specific (xz: check id;
+    zstd: 1 for a frame with a content checksum)."""
 
     comp_offsets: List[int] = field(default_factory=list)
     comp_sizes: List[int] = field(default_factory=list)
@@ -184,6 +188,11 @@ class _Cursor:
         self.run = 0
         #: Whether ``stream`` is decoded ahead by a thread.
         self.ahead = False
+        #: The last bytes read before ``position`` (at most a block): a checked read widened to
+        #: whole blocks starts up to one block before where the previous one stopped.
+        self.tail = b""
+        #: The first pass: the block checksums of everything decoded from the frame start on.
+        self.collector: Optional[CrcCollector] = None
 
     def close(self) -> None:
         if self.stream is not None:
@@ -191,6 +200,8 @@ class _Cursor:
             self.stream = None
         self.frame = -1
         self.ahead = False
+        self.tail = b""
+        self.collector = None
 
 
 class FramedReader(CompressedReader):
@@ -219,6 +230,10 @@ class FramedReader(CompressedReader):
         self._ahead_depth = max(1, options.threads()) if options.threads() > 1 else 0
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._last_frame = -2
+        #: Block checksums of the frames nothing else checks (``frame_crcs``): stored in the
+        #: index (after it is opened), or collected by the first pass (before it is written).
+        self._crc_table: Optional[FrameCrcs] = None
+        self._collected: Dict[int, "array.array[int]"] = {}
 
     # --- backend hooks ------------------------------------------------------------------------
     @abstractmethod
@@ -232,6 +247,26 @@ class FramedReader(CompressedReader):
     @abstractmethod
     def _open_stream(self, frame: int, table: FrameTable) -> FrameStream:
         """A streaming decoder positioned at the start of one frame."""
+
+    def _self_checked(self, frame: int, table: FrameTable) -> bool:
+        """Whether the frame carries a checksum of its data that decoding it whole verifies."""
+        return False
+
+    def _needs_crcs(self, frame: int, table: FrameTable) -> bool:
+        """Frames read without their own check before the bytes are served (see ``frame_crcs``)."""
+        return table.decomp_sizes[frame] > self.whole_frame_limit or not self._self_checked(frame, table)
+
+    @classmethod
+    def crc_table_name(cls) -> str:
+        return f"{cls.backend_name}-crc32c"
+
+    @classmethod
+    def index_options_for(cls, options: CompressionOptions) -> Dict[str, str]:
+        recorded = super().index_options_for(options)
+        # Which frames have block checksums depends on the size read whole: indexes built with
+        # another (or without checksums) are rebuilt.
+        recorded["frame_checks"] = f"crc32c/{BLOCK}/{cls.whole_frame_limit}"
+        return recorded
 
     # --- frame table --------------------------------------------------------------------------
     @property
@@ -302,7 +337,45 @@ class FramedReader(CompressedReader):
         table = self.frames
         self._verify_large_frames(table)
         assert not table.open_end, "the last frame's size is settled by decoding it to its end"
+        crcs = self._complete_crcs(table)
         writer.put_seek_points(self.backend_name, self.seek_point_blobs(table, self.compressed_size))
+        writer.put_seek_points(self.crc_table_name(), crcs.parts(len(table)))
+
+    def _complete_crcs(self, table: FrameTable) -> FrameCrcs:
+        """The block checksums of every frame that needs them: frames the first pass skipped
+        (the data of large members) are decoded for them now."""
+        if self._crc_table is not None:
+            return self._crc_table  # read from an index (a conversion of an indexed file)
+        with self.data_errors():
+            for frame in range(len(table)):
+                if not self._needs_crcs(frame, table) or frame in self._collected:
+                    continue
+                if table.decomp_sizes[frame] <= self.whole_frame_limit:
+                    self._decode_checked(frame, table)  # collects
+                else:
+                    self._collect_large(frame, table)
+        return FrameCrcs({frame: crcs for frame, crcs in self._collected.items() if self._needs_crcs(frame, table)})
+
+    def _collect_large(self, frame: int, table: FrameTable) -> None:
+        """Decode a large frame from its start to its end (verifying what the format checks) for
+        its block checksums."""
+        stream = self._open_stream(frame, table)
+        collector = CrcCollector()
+        try:
+            while True:
+                data = stream.read(4 << 20)
+                if not data:
+                    break
+                collector.feed(data)
+        finally:
+            stream.close()
+        if collector.position != table.decomp_sizes[frame]:
+            raise CorruptDataError(
+                f"{self.path}: {self.format_name} frame at byte {table.comp_offsets[frame]} decompressed to "
+                f"{collector.position} bytes instead of {table.decomp_sizes[frame]}"
+            )
+        self._collected[frame] = collector.checksums()
+        self._verified.add(frame)
 
     @classmethod
     def seek_point_blobs(cls, table: FrameTable, compressed_size: int) -> List[bytes]:
@@ -316,8 +389,16 @@ class FramedReader(CompressedReader):
         found = self._stored_seek_points(index)
         if found is None:
             return
+        table = FrameTable.unpack(found[1])
+        crcs = FrameCrcs.from_parts(index.seek_point_parts(self.crc_table_name()), table.decomp_sizes)
+        if crcs is None or any(self._needs_crcs(f, table) and not crcs.covers(f) for f in range(len(table))):
+            raise InvalidIndexError(
+                f"{self.path}: the index holds no block checksums for the {self.format_name} frames; "
+                "rebuild it (--recreate-index)"
+            )
         with self._table_lock:
-            self._set_table(FrameTable.unpack(found[1]))
+            self._crc_table = crcs
+            self._set_table(table)
 
     # --- reading ------------------------------------------------------------------------------
     def pread(self, offset: int, size: int) -> bytes:
@@ -416,22 +497,50 @@ class FramedReader(CompressedReader):
                 f"{self.path}: {self.format_name} frame at byte {table.comp_offsets[frame]} decompressed to "
                 f"{len(data)} bytes instead of {table.decomp_sizes[frame]}"
             )
+        if self._needs_crcs(frame, table):
+            crcs = self._crc_table
+            with memoryview(data) as view:  # (frames may be anonymous mappings)
+                if crcs is None:
+                    self._collected.setdefault(frame, crcs_of(view))
+                else:
+                    crcs.verify(self.path, frame, 0, [view], len(data))
         self._verified.add(frame)
         return data
 
     # --- large frames -------------------------------------------------------------------------
     def _stream_read(self, frame: int, position: int, size: int, table: FrameTable) -> bytes:
+        crcs = self._crc_table
+        if crcs is None or not crcs.covers(frame):
+            return self._stream_read_raw(frame, position, size, table)
+        # Widened to whole blocks, checked, then cut (the cursor keeps the last block, so a
+        # sequential reader's next read does not go back into the stream).
+        block = crcs.block
+        length = table.decomp_sizes[frame]
+        lo = position // block * block
+        hi = min(length, -(-min(position + size, length) // block) * block)
+        if lo >= hi:
+            return b""
+        data = self._stream_read_raw(frame, lo, hi - lo, table)
+        crcs.verify(self.path, frame, lo, [data], length)
+        return data[position - lo : position - lo + size]
+
+    def _stream_read_raw(self, frame: int, position: int, size: int, table: FrameTable) -> bytes:
         start = table.decomp_offsets[frame]
         length = table.decomp_sizes[frame]
         with self._cursors.acquire(start + position) as slot:
             cursor = slot.instance
             with self.data_errors():
-                if cursor.stream is None or cursor.frame != frame or cursor.position > position:
+                if cursor.stream is None or cursor.frame != frame or cursor.position - len(cursor.tail) > position:
                     cursor.close()
                     cursor.stream = self._open_stream(frame, table)
                     cursor.frame, cursor.position, cursor.run = frame, 0, 0
+                    if self._crc_table is None and self._needs_crcs(frame, table) and frame not in self._collected:
+                        cursor.collector = CrcCollector()  # the first pass
+                head = b""
+                if position < cursor.position:  # inside the bytes kept from the last read
+                    head = cursor.tail[len(cursor.tail) - (cursor.position - position) :][:size]
                 # Forward by at most a small gap (a scan skips the data of small members).
-                cursor.run = cursor.run + 1 if 0 <= position - cursor.position <= SEQUENTIAL_GAP else 0
+                cursor.run = cursor.run + 1 if -len(cursor.tail) <= position - cursor.position <= SEQUENTIAL_GAP else 0
                 if cursor.run >= SEQUENTIAL_RUN and self._ahead_depth and not cursor.ahead:
                     # A sequential reader (the first mount's scan, a copy): decode ahead in a
                     # thread of its own. Random reads never get here: what a thread decoded
@@ -441,15 +550,22 @@ class FramedReader(CompressedReader):
 
                     cursor.stream = ReadAheadStream(cursor.stream)
                     cursor.ahead = True
+                collector = cursor.collector
                 ended = False
                 while cursor.position < position:  # skip forward, in bounded steps
-                    skipped = cursor.stream.skip(min(position - cursor.position, 1 << 20))
+                    step = min(position - cursor.position, 1 << 20)
+                    if collector is not None:  # every byte goes through the checksums
+                        skipped_data = cursor.stream.read(step)
+                        collector.feed(skipped_data)
+                        skipped = len(skipped_data)
+                    else:
+                        skipped = cursor.stream.skip(step)
                     if not skipped:
                         ended = True
                         break
                     cursor.position += skipped
                 pieces = []
-                remaining = size if cursor.position == position else 0
+                remaining = size - len(head) if cursor.position == position + len(head) else 0
                 while remaining > 0:
                     data = cursor.stream.read(remaining)
                     if not data:
@@ -458,25 +574,33 @@ class FramedReader(CompressedReader):
                     pieces.append(data)
                     remaining -= len(data)
                     cursor.position += len(data)
+                if collector is not None:
+                    for data in pieces:
+                        collector.feed(data)
                 if not ended and cursor.position == length:
                     if cursor.stream.read(1):  # reading past the end verifies the checksum
                         raise CorruptDataError(f"{self.path}: {self.format_name} frame {frame} is longer than indexed")
                     ended = True
+                fresh = b"".join(pieces)
                 if ended:
                     if table.open_end and frame == len(table) - 1:
                         self._settle_open_end(table, frame, cursor.position)
                     if cursor.position == table.decomp_sizes[frame]:
                         self._verified.add(frame)
+                        if collector is not None and collector.position == cursor.position:
+                            self._collected.setdefault(frame, collector.checksums())
                         # A read sized by the open end's bound (maybe before another thread
                         # settled it) gets what there is.
                         size = min(size, max(0, cursor.position - position))
                     cursor.close()
-            result = b"".join(pieces)
+                elif fresh:
+                    cursor.tail = fresh[-BLOCK:] if len(fresh) >= BLOCK else (cursor.tail + fresh)[-BLOCK:]
+            result = head + fresh if head else fresh
             if len(result) != size:
                 raise CorruptDataError(
                     f"{self.path}: {self.format_name} frame at byte {table.comp_offsets[frame]} ends early"
                 )
-            slot.position = start + cursor.position if cursor.stream is not None else -1
+            slot.position = start + cursor.position - len(cursor.tail) if cursor.stream is not None else -1
             return result
 
     def _verify_large_frames(self, table: FrameTable) -> None:

@@ -117,6 +117,9 @@ class XzReader(FramedReader):
         footer = create_xz_index_footer(check, [(table.comp_sizes[frame], table.decomp_sizes[frame])])
         return create_xz_header(check), footer
 
+    def _self_checked(self, frame: int, table: FrameTable) -> bool:
+        return table.aux[frame] != 0  # the stream's check type; 0: none
+
     def _decode_frame(self, frame: int, table: FrameTable) -> FrameData:
         # Both sides go in steps: the compressed block is read and fed 1 MiB at a time, and the
         # output lands straight in a buffer of the indexed size. Whole-block input and a one-shot

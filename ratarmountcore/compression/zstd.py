@@ -143,14 +143,17 @@ class ZstdReader(FramedReader):
                 # at most 128 KiB) that the first stream to reach its end replaces by its size.
                 # `tar -I zstd -cf` writes such files (zstd reading a pipe): their first mount
                 # decoded everything twice.
-                table.append(position, frame_end - position, max(1, blocks) * BLOCK_MAX)
+                table.append(position, frame_end - position, max(1, blocks) * BLOCK_MAX, int(has_checksum))
                 table.open_end = True
                 break
             if content_size is None:
                 content_size = self._measure_frame(position, frame_end - position, keep=not table)
-            table.append(position, frame_end - position, content_size)
+            table.append(position, frame_end - position, content_size, int(has_checksum))
             position = frame_end
         return table
+
+    def _self_checked(self, frame: int, table: FrameTable) -> bool:
+        return table.aux[frame] == 1  # the frame header's Content_Checksum_flag (see _build_table)
 
     def _walk_blocks(self, position: int) -> Tuple[int, int]:
         """Offset after the last block of the frame whose first block header is at ``position``,

@@ -1,0 +1,183 @@
+"""Block checksums of zstd frames and xz blocks that nothing else checks (no checksum of their
+own, or too large to decode whole): damage after the index was built fails the reads it touches
+and never returns wrong bytes; frames that check themselves need no table."""
+
+from __future__ import annotations
+
+import lzma
+import random
+import sqlite3
+import subprocess
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+import zstandard
+from conftest import tar_bytes
+from test_gzip_block_crcs import flip_unsampled_bit, make_members, read_all
+
+import ratarmountcore
+from ratarmountcore.compression import framed
+from ratarmountcore.compression.frame_crcs import FrameCrcs
+from ratarmountcore.compression.zstd import ZstdReader
+from ratarmountcore.convert import convert_to_seekable_zstd
+from ratarmountcore.errors import InvalidIndexError
+from ratarmountcore.options import IndexOptions, OpenOptions
+
+#: Frames above this are streamed in these tests (a stand-in for 32 MiB and more).
+LARGE = 256 * 1024
+
+
+def options() -> OpenOptions:
+    return OpenOptions(index=IndexOptions(index_folders=("",), progress=False))
+
+
+@pytest.fixture(autouse=True)
+def private_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+def zstd_frames(plain: bytes, frame_size: int, checksum: bool) -> bytes:
+    compressor = zstandard.ZstdCompressor(level=3, write_checksum=checksum, write_content_size=True)
+    return b"".join(compressor.compress(plain[i : i + frame_size]) for i in range(0, len(plain), frame_size))
+
+
+def xz_blocks(plain: bytes, check: int) -> bytes:
+    """One block (Python's lzma module)."""
+    return lzma.compress(plain, format=lzma.FORMAT_XZ, check=check, preset=1)
+
+
+def xz_cli_blocks(plain: bytes, check: str) -> bytes:
+    command = ["xz", "-1", f"--check={check}", "--block-size=128KiB", "-c"]
+    return subprocess.run(command, input=plain, capture_output=True, check=True).stdout
+
+
+def stored_table(archive: Path, backend: str, frame_sizes: List[int]) -> FrameCrcs:
+    with sqlite3.connect(f"{archive}.index.sqlite") as db:
+        rows = db.execute("SELECT data FROM seek_points WHERE backend = ? ORDER BY part", (backend,)).fetchall()
+    table = FrameCrcs.from_parts([row[0] for row in rows], frame_sizes)
+    assert table is not None
+    return table
+
+
+def frame_sizes(archive: Path) -> List[int]:
+    with ratarmountcore.open(str(archive), options()) as source:
+        reader = source._reader  # type: ignore[attr-defined]
+        return list(reader.frames.decomp_sizes)
+
+
+KINDS = {
+    # (file content from the tar, backend name, frames expected to carry block checksums)
+    "zst-frames-without-checksum": (lambda tar: zstd_frames(tar, 128 * 1024, False), "zstandard", "all"),
+    "zst-one-large-frame-with-checksum": (lambda tar: zstd_frames(tar, 1 << 30, True), "zstandard", "all"),
+    "xz-blocks-without-check": (lambda tar: xz_cli_blocks(tar, "none"), "python_xz", "all"),
+    "xz-large-block-with-crc64": (lambda tar: xz_blocks(tar, lzma.CHECK_CRC64), "python_xz", "all"),
+    "zst-small-frames-with-checksum": (lambda tar: zstd_frames(tar, 128 * 1024, True), "zstandard", "none"),
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_bit_rot_after_indexing_is_never_served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    compress, backend, covered = KINDS[kind]
+    if "large" in kind:
+        monkeypatch.setattr(framed.FramedReader, "whole_frame_limit", LARGE)
+    rng = random.Random(17)
+    members = make_members(rng, 500)
+    original = tmp_path / ("original.tar.zst" if backend == "zstandard" else "original.tar.xz")
+    original.write_bytes(compress(tar_bytes(members)))
+    failures = 0
+    for trial in range(4):
+        archive = tmp_path / f"t{trial}{original.suffix}"
+        archive.write_bytes(original.read_bytes())
+        assert read_all(archive, members, options()) == (len(members), 0)  # builds the index
+        sizes = frame_sizes(archive)
+        table = stored_table(archive, f"{backend}-crc32c", sizes)
+        assert sorted(table.by_frame) == (list(range(len(sizes))) if covered == "all" else [])
+        flip_unsampled_bit(archive, rng)
+        good, failed = read_all(archive, members, options())
+        assert good > 0
+        failures += failed
+    assert failures > 0
+
+
+def test_checked_large_frame_is_streamed_once_by_a_sequential_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads widened to whole blocks start up to a block before where the last one stopped:
+    the cursor keeps that block, so reading a large frame front to back in odd-sized pieces
+    decodes it once (and random reads in it stay right)."""
+    monkeypatch.setattr(framed.FramedReader, "whole_frame_limit", LARGE)
+    rng = random.Random(3)
+    plain = rng.randbytes(1_500_000).hex().encode()
+    archive = tmp_path / "data.bin.zst"
+    archive.write_bytes(zstd_frames(plain, 1 << 30, True))
+    opened: List[int] = []
+    original = ZstdReader._open_stream
+
+    def counting(self: ZstdReader, frame: int, table: framed.FrameTable) -> framed.FrameStream:
+        opened.append(frame)
+        return original(self, frame, table)
+
+    with ratarmountcore.open(str(archive), options()) as source:  # builds the index
+        assert source.read("/data.bin") == plain
+    monkeypatch.setattr(ZstdReader, "_open_stream", counting)
+    with ratarmountcore.open(str(archive), options()) as source:
+        with source.open("/data.bin") as f:
+            pieces = []
+            while True:
+                piece = f.read(7001)
+                if not piece:
+                    break
+                pieces.append(piece)
+        assert b"".join(pieces) == plain
+        assert opened == [0]
+        with source.open("/data.bin") as f:
+            for offset in sorted(rng.randrange(len(plain)) for _ in range(20)):
+                f.seek(offset)
+                assert f.read(5000) == plain[offset : offset + 5000]
+
+
+def test_frames_the_scan_skipped_get_their_checksums_at_the_first_mount(tmp_path: Path) -> None:
+    """The data of a large member is skipped by the tar scan: its frames are decoded for their
+    checksums before the index is written, and damage in them is caught later."""
+    rng = random.Random(9)
+    members: Dict[str, bytes] = {"small.txt": b"s" * 100, "large.bin": rng.randbytes(1_200_000), "z.txt": b"z"}
+    archive = tmp_path / "skip.tar.zst"
+    archive.write_bytes(zstd_frames(tar_bytes(members), 64 * 1024, False))
+    with ratarmountcore.open(str(archive), options()) as source:
+        assert source.read("/small.txt") == members["small.txt"]
+    sizes = frame_sizes(archive)
+    assert sorted(stored_table(archive, "zstandard-crc32c", sizes).by_frame) == list(range(len(sizes)))
+    size = archive.stat().st_size
+    flip_unsampled_bit(archive, rng, size // 4, size * 3 // 4)  # inside the large member's frames
+    with ratarmountcore.open(str(archive), options()) as source, pytest.raises(OSError):
+        assert source.read("/large.bin") == members["large.bin"], "wrong bytes served"
+
+
+def test_an_index_without_frame_checksums_is_refused(tmp_path: Path) -> None:
+    archive = tmp_path / "a.tar.zst"
+    archive.write_bytes(zstd_frames(tar_bytes(make_members(random.Random(2), 40)), 64 * 1024, False))
+    ratarmountcore.open(str(archive), options()).close()
+    with sqlite3.connect(f"{archive}.index.sqlite") as db:
+        db.execute("DELETE FROM seek_points WHERE backend = ?", (ZstdReader.crc_table_name(),))
+    with pytest.raises(InvalidIndexError) as caught:
+        ratarmountcore.open(str(archive), options())
+    assert str(archive) in str(caught.value) and "--recreate-index" in str(caught.value)
+
+
+def test_converter_records_checksums_of_frames_too_large_to_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(framed.FramedReader, "whole_frame_limit", LARGE)
+    rng = random.Random(23)
+    members = make_members(rng, 300)
+    plain = tmp_path / "plain.tar"
+    plain.write_bytes(tar_bytes(members))
+    out = tmp_path / "out.tar.zst"
+    convert_to_seekable_zstd(str(plain), str(out), frame_size=3 * LARGE, options=options())
+    sizes = frame_sizes(out)
+    table = stored_table(out, "zstandard-crc32c", sizes)
+    assert sorted(table.by_frame) == [f for f, size in enumerate(sizes) if size > LARGE] != []
+    flip_unsampled_bit(out, rng, 0, out.stat().st_size // 2)  # inside a large frame
+    good, failed = read_all(out, members, options())
+    assert good > 0 and failed > 0
