@@ -354,7 +354,10 @@ class FramedReader(CompressedReader):
                     self._decode_checked(frame, table)  # collects
                 else:
                     self._collect_large(frame, table)
-        return FrameCrcs({frame: crcs for frame, crcs in self._collected.items() if self._needs_crcs(frame, table)})
+        # From now on this reader checks against the table, like one that opened the index.
+        self._crc_table = FrameCrcs({f: crcs for f, crcs in self._collected.items() if self._needs_crcs(f, table)})
+        self._collected = {}
+        return self._crc_table
 
     def _collect_large(self, frame: int, table: FrameTable) -> None:
         """Decode a large frame from its start to its end (verifying what the format checks) for
@@ -501,7 +504,8 @@ class FramedReader(CompressedReader):
             crcs = self._crc_table
             with memoryview(data) as view:  # (frames may be anonymous mappings)
                 if crcs is None:
-                    self._collected.setdefault(frame, crcs_of(view))
+                    if frame not in self._collected:
+                        self._collected[frame] = crcs_of(view)
                 else:
                     crcs.verify(self.path, frame, 0, [view], len(data))
         self._verified.add(frame)
