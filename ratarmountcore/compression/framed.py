@@ -129,6 +129,11 @@ FRAMES_CACHED_AT_LEAST = 2
 SEQUENTIAL_RUN = 2
 #: A read that starts at most this far after the previous one's end still counts as sequential.
 SEQUENTIAL_GAP = 1024 * 1024
+#: Files of at least this many decompressed bytes have reads that miss the frame cache decode
+#: only the blocks up to the end of the read (half a frame on average) instead of the whole
+#: frame: the cache holds a small part of them, so whole frames would mostly be decoded for one
+#: member and evicted. The first pass records block checksums of every frame it decodes.
+PARTIAL_READS_MIN = 2 * FRAME_CACHE_BYTES
 
 
 class FrameCache:
@@ -355,7 +360,7 @@ class FramedReader(CompressedReader):
                 else:
                     self._collect_large(frame, table)
         # From now on this reader checks against the table, like one that opened the index.
-        self._crc_table = FrameCrcs({f: crcs for f, crcs in self._collected.items() if self._needs_crcs(f, table)})
+        self._crc_table = FrameCrcs(self._collected)
         self._collected = {}
         return self._crc_table
 
@@ -428,7 +433,9 @@ class FramedReader(CompressedReader):
             hi = min(end - start, length)
             if lo >= hi:
                 break  # past the end of an open-ended frame that another thread just settled
-            if length <= self.whole_frame_limit:
+            if length <= self.whole_frame_limit and self._partial(frame, table):
+                pieces.append(self._stream_read(frame, lo, hi - lo, table))
+            elif length <= self.whole_frame_limit:
                 data = self._cached_frame(frame, table)
                 # One copy of the part wanted (frames may be cached as bytearray: never hand one out).
                 pieces.append(bytes(data) if (lo, hi) == (0, length) else memoryview(data)[lo:hi].tobytes())
@@ -437,6 +444,20 @@ class FramedReader(CompressedReader):
             position = start + hi
             frame += 1
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _partial(self, frame: int, table: FrameTable) -> bool:
+        """Whether a read in a small frame decodes it only up to the blocks it needs (through a
+        cursor, checked against the block checksums) instead of whole into the cache: when the
+        cache cannot hold much of the file (random reads would mostly miss it, and a miss
+        would decode the whole frame for one member) and the frame is not there already."""
+        crcs = self._crc_table
+        return (
+            crcs is not None
+            and table.size >= PARTIAL_READS_MIN
+            and crcs.covers(frame)
+            and frame not in self._ahead
+            and FRAME_CACHE.get((self._token, frame)) is None
+        )
 
     def _decode_ahead(self, table: FrameTable, first: int) -> None:
         with self._inflight_lock:
@@ -500,14 +521,14 @@ class FramedReader(CompressedReader):
                 f"{self.path}: {self.format_name} frame at byte {table.comp_offsets[frame]} decompressed to "
                 f"{len(data)} bytes instead of {table.decomp_sizes[frame]}"
             )
-        if self._needs_crcs(frame, table):
-            crcs = self._crc_table
-            with memoryview(data) as view:  # (frames may be anonymous mappings)
-                if crcs is None:
-                    if frame not in self._collected:
-                        self._collected[frame] = crcs_of(view)
-                else:
-                    crcs.verify(self.path, frame, 0, [view], len(data))
+        crcs = self._crc_table
+        if crcs is None:  # the first pass: every frame it decodes (see PARTIAL_READS_MIN)
+            if frame not in self._collected:
+                with memoryview(data) as view:  # (frames may be anonymous mappings)
+                    self._collected[frame] = crcs_of(view)
+        elif self._needs_crcs(frame, table):
+            with memoryview(data) as view:
+                crcs.verify(self.path, frame, 0, [view], len(data))
         self._verified.add(frame)
         return data
 
