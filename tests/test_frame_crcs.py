@@ -235,3 +235,23 @@ def test_reads_that_miss_the_cache_of_a_large_file_decode_only_up_to_their_end(
     flip_unsampled_bit(archive, rng)
     good, failed = read_all(archive, members, options())
     assert good > 0 and failed > 0
+
+
+def test_first_pass_streams_a_large_first_frame_instead_of_waiting_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan parses a large frame as a thread decodes it (the frame is never decoded whole,
+    only the later one ahead), and the frame still gets its block checksums on the way."""
+    monkeypatch.setattr(framed, "SCAN_STREAM_MIN", 512 * 1024)
+    members = make_members(random.Random(43), 500)
+    tar = tar_bytes(members)
+    archive = tmp_path / "s.tar.xz"
+    command = ["xz", "-1", "--check=crc64", f"--block-size={len(tar) * 3 // 4}", "-c"]
+    archive.write_bytes(subprocess.run(command, input=tar, capture_output=True, check=True).stdout)
+    with ratarmountcore.open(str(archive), options()) as source:
+        reader = source._reader  # type: ignore[attr-defined]
+        assert len(reader.frames) == 2 and reader.frames.decomp_sizes[0] >= 512 * 1024
+        assert reader.stats.frames_decoded == 1  # the second frame, decoded ahead; the first streamed
+        for name in list(members)[::37]:
+            assert source.read("/" + name) == members[name]
+    assert sorted(stored_table(archive, "python_xz-crc32c", frame_sizes(archive)).by_frame) == [0, 1]
