@@ -134,6 +134,8 @@ SEQUENTIAL_GAP = 1024 * 1024
 #: frame: the cache holds a small part of them, so whole frames would mostly be decoded for one
 #: member and evicted. The first pass records block checksums of every frame it decodes.
 PARTIAL_READS_MIN = 2 * FRAME_CACHE_BYTES
+#: What the cursors of such reads may hold, counted as a frame each (at least one per thread).
+PARTIAL_CURSOR_BYTES = FRAME_CACHE_BYTES
 #: Frames of at least this many bytes that the first pass reaches before they were decoded
 #: ahead are streamed to it rather than decoded whole first.
 SCAN_STREAM_MIN = 8 * 1024 * 1024
@@ -230,6 +232,9 @@ class FramedReader(CompressedReader):
         self._cursors: InstancePool[_Cursor] = InstancePool(
             lambda: Slot(_Cursor(), position=-1), _Cursor.close, self.max_cursors, grow_before_rewind=True
         )
+        #: Cursors of reads that decode small frames only up to their end (see ``_partial``),
+        #: made at the first such read, when the frame sizes are known.
+        self._partial_cursors: Optional[InstancePool[_Cursor]] = None
         self._verified: Set[int] = set()
         #: The largest frame this reader caches whole (0: none).
         self._largest_cached = 0
@@ -358,16 +363,7 @@ class FramedReader(CompressedReader):
             for frame in range(len(table)):
                 if frame in self._collected:
                     continue
-                start, length = table.decomp_offsets[frame], table.decomp_sizes[frame]
-                stopped = [p - start for p in self._cursors.idle_positions() if start <= p < start + length]
-                if stopped:  # a cursor of the first pass stopped inside (see _scan_streams): read on
-                    position = max(stopped)
-                    while position < length:
-                        step = min(length - position, 4 << 20)
-                        got = len(self._stream_read_raw(frame, position, step, table))
-                        position += got
-                        if got < step:
-                            break
+                self._read_on(frame, table, from_start=False)  # a cursor of the scan stopped inside
                 if not self._needs_crcs(frame, table) or frame in self._collected:
                     continue
                 if table.decomp_sizes[frame] <= self.whole_frame_limit:
@@ -448,7 +444,9 @@ class FramedReader(CompressedReader):
             hi = min(end - start, length)
             if lo >= hi:
                 break  # past the end of an open-ended frame that another thread just settled
-            if length <= self.whole_frame_limit and (self._partial(frame, table) or self._scan_streams(frame, table)):
+            if length <= self.whole_frame_limit and self._partial(frame, table):
+                pieces.append(self._stream_read(frame, lo, hi - lo, table, self._partial_pool(table)))
+            elif length <= self.whole_frame_limit and self._scan_streams(frame, table):
                 pieces.append(self._stream_read(frame, lo, hi - lo, table))
             elif length <= self.whole_frame_limit:
                 data = self._cached_frame(frame, table)
@@ -473,6 +471,22 @@ class FramedReader(CompressedReader):
             and frame not in self._ahead
             and FRAME_CACHE.get((self._token, frame)) is None
         )
+
+    def _partial_pool(self, table: FrameTable) -> InstancePool[_Cursor]:
+        """As many cursors as frames of this file fit in ``PARTIAL_CURSOR_BYTES`` (each holds a
+        decoder window up to a frame's size: xz keeps 8 MiB per block of `xz -6`, and reads that
+        find a cursor behind them in their frame decode less), at least one per thread."""
+        pool = self._partial_cursors
+        if pool is None:
+            with self._table_lock:
+                if self._partial_cursors is None:
+                    largest = max(table.decomp_sizes, default=1)
+                    count = min(self.max_cursors, max(self.options.threads(), PARTIAL_CURSOR_BYTES // largest, 1))
+                    self._partial_cursors = InstancePool(
+                        lambda: Slot(_Cursor(), position=-1), _Cursor.close, count, grow_before_rewind=True
+                    )
+                pool = self._partial_cursors
+        return pool
 
     def _scan_streams(self, frame: int, table: FrameTable) -> bool:
         """Whether the first pass reads a large frame through a cursor (decoded ahead by a
@@ -561,10 +575,12 @@ class FramedReader(CompressedReader):
         return data
 
     # --- large frames -------------------------------------------------------------------------
-    def _stream_read(self, frame: int, position: int, size: int, table: FrameTable) -> bytes:
+    def _stream_read(
+        self, frame: int, position: int, size: int, table: FrameTable, cursors: Optional[InstancePool[_Cursor]] = None
+    ) -> bytes:
         crcs = self._crc_table
         if crcs is None or not crcs.covers(frame):
-            return self._stream_read_raw(frame, position, size, table)
+            return self._stream_read_raw(frame, position, size, table, cursors)
         # Widened to whole blocks, checked, then cut (the cursor keeps the last block, so a
         # sequential reader's next read does not go back into the stream).
         block = crcs.block
@@ -573,14 +589,16 @@ class FramedReader(CompressedReader):
         hi = min(length, -(-min(position + size, length) // block) * block)
         if lo >= hi:
             return b""
-        data = self._stream_read_raw(frame, lo, hi - lo, table)
+        data = self._stream_read_raw(frame, lo, hi - lo, table, cursors)
         crcs.verify(self.path, frame, lo, [data], length)
         return data[position - lo : position - lo + size]
 
-    def _stream_read_raw(self, frame: int, position: int, size: int, table: FrameTable) -> bytes:
+    def _stream_read_raw(
+        self, frame: int, position: int, size: int, table: FrameTable, cursors: Optional[InstancePool[_Cursor]] = None
+    ) -> bytes:
         start = table.decomp_offsets[frame]
         length = table.decomp_sizes[frame]
-        with self._cursors.acquire(start + position) as slot:
+        with (cursors or self._cursors).acquire(start + position) as slot:
             cursor = slot.instance
             with self.data_errors():
                 if cursor.stream is None or cursor.frame != frame or cursor.position - len(cursor.tail) > position:
@@ -660,17 +678,23 @@ class FramedReader(CompressedReader):
         """Decode every large frame to its end once (the scan usually got close already), so that
         a corrupt file fails the first mount instead of serving unverified bytes later."""
         for frame, length in enumerate(table.decomp_sizes):
-            if length <= self.whole_frame_limit or frame in self._verified:
-                continue
-            start = table.decomp_offsets[frame]
-            ahead = [p - start for p in self._cursors.idle_positions() if start <= p < start + length]
-            position = max(ahead, default=0)
-            while position < length:
-                step = min(length - position, 4 << 20)
-                got = len(self._stream_read(frame, position, step, table))
-                position += got
-                if got < step:
-                    break  # the open end, settled at its true size
+            if length > self.whole_frame_limit and frame not in self._verified:
+                self._read_on(frame, table, from_start=True)
+
+    def _read_on(self, frame: int, table: FrameTable, from_start: bool) -> None:
+        """Stream a frame to its end from where the furthest idle cursor in it stopped (or, with
+        ``from_start``, from its start when none did)."""
+        start, length = table.decomp_offsets[frame], table.decomp_sizes[frame]
+        stopped = [p - start for p in self._cursors.idle_positions() if start <= p < start + length]
+        if not stopped and not from_start:
+            return
+        position = max(stopped, default=0)
+        while position < length:
+            step = min(length - position, 4 << 20)
+            got = len(self._stream_read_raw(frame, position, step, table))
+            position += got
+            if got < step:
+                break  # the open end, settled at its true size
 
     def close(self) -> None:
         try:
@@ -679,6 +703,8 @@ class FramedReader(CompressedReader):
                 executor.shutdown(wait=True, cancel_futures=True)
             self._ahead.clear()
             self._cursors.close()
+            if self._partial_cursors is not None:
+                self._partial_cursors.close()
             FRAME_CACHE.drop(self._token)
         finally:
             super().close()
