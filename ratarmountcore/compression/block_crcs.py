@@ -72,8 +72,9 @@ class BlockCrcs:
         """Raise ``CorruptDataError`` unless ``data`` (whole blocks from ``start``) matches."""
         self.verify_pieces(path, start, [data])
 
-    def verify_pieces(self, path: str, start: int, pieces: Sequence[Buffer]) -> None:
-        """Like ``verify`` for data given as consecutive pieces (blocks may span pieces)."""
+    def verify_pieces(self, path: str, start: int, pieces: Sequence[Buffer], what: str = "decompressed data") -> None:
+        """Like ``verify`` for data given as consecutive pieces (blocks may span pieces);
+        ``what`` names the data in the error."""
         block = self.block
         if start % block:
             raise ValueError("data must start at a block boundary")
@@ -87,7 +88,7 @@ class BlockCrcs:
         for number, crc in enumerate(collector.checksums(), start=first):
             if crc != self.crcs[number]:
                 raise CorruptDataError(
-                    f"{path}: decompressed data at offset {number * block} does not match the checksum "
+                    f"{path}: {what} at offset {number * block} does not match the checksum "
                     "recorded when the index was built (the file was damaged since)"
                 )
 

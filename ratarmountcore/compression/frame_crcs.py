@@ -21,9 +21,8 @@ from __future__ import annotations
 import array
 from typing import Dict, List, Optional, Sequence
 
-from ..errors import CorruptDataError
 from .base import pack_seek_points, unpack_seek_points
-from .block_crcs import BLOCK, Buffer, CrcCollector
+from .block_crcs import BLOCK, BlockCrcs, Buffer, CrcCollector
 
 
 def crcs_of(data: Buffer, block: int = BLOCK) -> "array.array[int]":
@@ -47,23 +46,8 @@ class FrameCrcs:
         """Raise ``CorruptDataError`` unless the data of ``frame`` from ``start`` (a block
         boundary inside it), given as consecutive ``pieces`` that end at a block boundary or at
         the frame's end, matches the recorded checksums."""
-        block = self.block
-        if start % block:
-            raise ValueError("data must start at a block boundary")
-        collector = CrcCollector(block)
-        for piece in pieces:
-            collector.feed(piece)
-        end = start + collector.position
-        if end % block and end != frame_size:
-            raise ValueError("data does not end at a block boundary")
-        recorded = self.by_frame[frame]
-        first = start // block
-        for number, crc in enumerate(collector.checksums(), start=first):
-            if number >= len(recorded) or crc != recorded[number]:
-                raise CorruptDataError(
-                    f"{path}: decompressed data of frame {frame} at offset {number * block} of the frame does not "
-                    "match the checksum recorded when the index was built (the file was damaged since)"
-                )
+        table = BlockCrcs(self.by_frame[frame], frame_size, self.block)
+        table.verify_pieces(path, start, pieces, f"decompressed data of frame {frame}")
 
     def parts(self, frames: int) -> List[bytes]:
         counts = array.array("I", (len(self.by_frame.get(frame, ())) for frame in range(frames)))
