@@ -8,6 +8,7 @@ import lzma
 import random
 import sqlite3
 import subprocess
+import threading
 from pathlib import Path
 from typing import Dict, List
 
@@ -239,3 +240,33 @@ def test_first_pass_streams_a_large_first_frame_instead_of_waiting_for_it(
         for name in list(members)[::37]:
             assert source.read("/" + name) == members[name]
     assert sorted(stored_table(archive, "python_xz-crc32c", frame_sizes(archive)).by_frame) == [0, 1]
+
+
+@pytest.mark.parametrize("kind", ["zst-frames", "xz-blocks"])
+def test_partial_frame_reads_from_8_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """Partial-frame reads share a small cursor pool: 8 threads reading members in random order
+    (frames entered anywhere, cursors taken over between frames) all get the right bytes."""
+    monkeypatch.setattr(framed, "PARTIAL_READS_MIN", 0)
+    members = make_members(random.Random(47), 600)
+    tar = tar_bytes(members)
+    archive = tmp_path / ("c.tar.zst" if kind.startswith("zst") else "c.tar.xz")
+    archive.write_bytes(zstd_frames(tar, 128 * 1024, True) if kind.startswith("zst") else xz_cli_blocks(tar, "crc32"))
+    ratarmountcore.open(str(archive), options()).close()
+    names = list(members)
+    errors: List[str] = []
+
+    def worker(seed: int) -> None:
+        order = names[:]
+        random.Random(seed).shuffle(order)
+        for name in order[:150]:
+            if source.read("/" + name) != members[name]:
+                errors.append(name)
+
+    with ratarmountcore.open(str(archive), options()) as source:
+        threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert source._reader._partial_cursors is not None  # type: ignore[attr-defined]
+    assert errors == []
