@@ -270,3 +270,17 @@ def test_partial_frame_reads_from_8_threads(tmp_path: Path, monkeypatch: pytest.
             thread.join()
         assert source._reader._partial_cursors is not None  # type: ignore[attr-defined]
     assert errors == []
+
+
+def test_cursor_keeps_only_bytes_that_end_where_it_stands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read that skips forward leaves no bytes from before the skip to be handed to the next
+    read that starts a little before the cursor (the first pass reads a frame unchecked)."""
+    monkeypatch.setattr(framed.FramedReader, "whole_frame_limit", LARGE)
+    plain = random.Random(5).randbytes(600_000)
+    archive = tmp_path / "t.bin.zst"
+    archive.write_bytes(zstd_frames(plain, 1 << 30, True))
+    with ratarmountcore.open(str(archive), options()) as source:
+        reader = source._reader  # type: ignore[attr-defined]
+        table = reader.frames
+        for position, size in ((100, 100), (50_000, 10), (49_990, 20), (49_995, 30)):
+            assert reader._stream_read_raw(0, position, size, table) == plain[position : position + size]

@@ -623,6 +623,8 @@ class FramedReader(CompressedReader):
                     cursor.ahead = True
                 collector = cursor.collector
                 ended = False
+                if cursor.position < position:
+                    cursor.tail = b""  # what is kept must end where the cursor stands
                 while cursor.position < position:  # skip forward, in bounded steps
                     step = min(position - cursor.position, 1 << 20)
                     if collector is not None:  # every byte goes through the checksums
