@@ -284,3 +284,41 @@ def test_cursor_keeps_only_bytes_that_end_where_it_stands(tmp_path: Path, monkey
         table = reader.frames
         for position, size in ((100, 100), (50_000, 10), (49_990, 20), (49_995, 30)):
             assert reader._stream_read_raw(0, position, size, table) == plain[position : position + size]
+
+
+_PLAIN = random.Random(77).randbytes(300_000).hex().encode()  # 600 kB, compresses ~2:1
+
+
+@pytest.mark.parametrize("mode", ["large-frame", "partial", "raw-cursor"])
+def test_any_read_sequence_returns_the_plain_bytes(tmp_path_factory: pytest.TempPathFactory, mode: str) -> None:
+    """Property: whatever reads come in whatever order (overlapping, backwards, across frame
+    ends, past the end), streamed and checked reads return exactly the plain bytes."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    folder = tmp_path_factory.mktemp(mode)
+    archive = folder / "p.bin.zst"
+    archive.write_bytes(zstd_frames(_PLAIN, 96 * 1024 if mode == "partial" else 1 << 30, True))
+    saved = (framed.FramedReader.whole_frame_limit, framed.PARTIAL_READS_MIN)
+    framed.FramedReader.whole_frame_limit = saved[0] if mode == "partial" else LARGE
+    framed.PARTIAL_READS_MIN = 0
+    try:
+        ratarmountcore.open(str(archive), options()).close()  # the index
+        reads = st.lists(st.tuples(st.integers(0, len(_PLAIN) + 100), st.integers(0, 70_000)), min_size=1, max_size=12)
+
+        @settings(max_examples=60, deadline=None)
+        @given(reads)
+        def check(sequence: List[tuple]) -> None:
+            with ratarmountcore.open(str(archive), options()) as source:
+                reader = source._reader  # type: ignore[attr-defined]
+                for offset, size in sequence:
+                    if mode == "raw-cursor":  # the unchecked cursor itself (the first pass reads so)
+                        offset, size = min(offset, len(_PLAIN)), min(size, max(0, len(_PLAIN) - offset))
+                        got = reader._stream_read_raw(0, offset, size, reader.frames)
+                    else:
+                        got = reader.pread(offset, size)
+                    assert got == _PLAIN[offset : offset + size]
+
+        check()
+    finally:
+        framed.FramedReader.whole_frame_limit, framed.PARTIAL_READS_MIN = saved
