@@ -59,7 +59,7 @@ def will_need(reader: "RandomAccessReader", offset: int, size: int) -> None:
     read soon, so that it starts reading them from disk now (``POSIX_FADV_WILLNEED``; returns
     at once). Compressed readers and platforms without ``posix_fadvise`` ignore it."""
     if isinstance(reader, PlainFileReader):
-        fd, offset, size = reader.fd, offset, min(size, reader.size - offset)
+        fd, size = reader.fd, min(size, reader.size - offset)
     elif isinstance(reader, FileWindow):
         fd, offset, size = reader.fd, reader.offset + offset, min(size, reader.size - offset)
     else:
