@@ -82,7 +82,11 @@ class FrameWriter:
     def __init__(self, out: BinaryIO, frame_size: int, level: int, threads: int) -> None:
         import zstandard
 
+        from .compression.zstd import ZstdReader
+
         self._zstd = zstandard
+        #: Frames larger than this are read through cursors and need block checksums.
+        self._whole_frame_limit = ZstdReader.whole_frame_limit
         self._out = out
         self._frame_size = frame_size
         self._level = level
@@ -97,14 +101,12 @@ class FrameWriter:
         self.crcs = FrameCrcs({})
 
     def _compress(self, chunk: bytes) -> Tuple[bytes, Any]:
-        from .compression.zstd import ZstdReader
-
         compressor = getattr(self._local, "compressor", None)
         if compressor is None:
             compressor = self._local.compressor = self._zstd.ZstdCompressor(
                 level=self._level, write_checksum=True, write_content_size=True
             )
-        crcs = crcs_of(chunk) if len(chunk) > ZstdReader.whole_frame_limit else None
+        crcs = crcs_of(chunk) if len(chunk) > self._whole_frame_limit else None
         return compressor.compress(chunk), crcs
 
     def write(self, data: bytes) -> None:

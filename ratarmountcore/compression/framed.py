@@ -444,16 +444,15 @@ class FramedReader(CompressedReader):
             hi = min(end - start, length)
             if lo >= hi:
                 break  # past the end of an open-ended frame that another thread just settled
-            if length <= self.whole_frame_limit and self._partial(frame, table):
+            data = FRAME_CACHE.get((self._token, frame)) if length <= self.whole_frame_limit else None
+            if data is None and length <= self.whole_frame_limit and self._partial(frame, table):
                 pieces.append(self._stream_read(frame, lo, hi - lo, table, self._partial_pool(table)))
-            elif length <= self.whole_frame_limit and self._scan_streams(frame, table):
+            elif data is None and (length > self.whole_frame_limit or self._scan_streams(frame, table)):
                 pieces.append(self._stream_read(frame, lo, hi - lo, table))
-            elif length <= self.whole_frame_limit:
-                data = self._cached_frame(frame, table)
+            else:
+                data = data if data is not None else self._cached_frame(frame, table)
                 # One copy of the part wanted (frames may be cached as bytearray: never hand one out).
                 pieces.append(bytes(data) if (lo, hi) == (0, length) else memoryview(data)[lo:hi].tobytes())
-            else:
-                pieces.append(self._stream_read(frame, lo, hi - lo, table))
             position = start + hi
             frame += 1
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
@@ -462,15 +461,9 @@ class FramedReader(CompressedReader):
         """Whether a read in a small frame decodes it only up to the blocks it needs (through a
         cursor, checked against the block checksums) instead of whole into the cache: when the
         cache cannot hold much of the file (random reads would mostly miss it, and a miss
-        would decode the whole frame for one member) and the frame is not there already."""
+        would decode the whole frame for one member). Asked only for frames not in the cache."""
         crcs = self._crc_table
-        return (
-            crcs is not None
-            and table.size >= PARTIAL_READS_MIN
-            and crcs.covers(frame)
-            and frame not in self._ahead
-            and FRAME_CACHE.get((self._token, frame)) is None
-        )
+        return crcs is not None and table.size >= PARTIAL_READS_MIN and crcs.covers(frame) and frame not in self._ahead
 
     def _partial_pool(self, table: FrameTable) -> InstancePool[_Cursor]:
         """As many cursors as frames of this file fit in ``PARTIAL_CURSOR_BYTES`` (each holds a
@@ -492,13 +485,12 @@ class FramedReader(CompressedReader):
         """Whether the first pass reads a large frame through a cursor (decoded ahead by a
         thread while the scan parses what is there) instead of waiting for it to be decoded
         whole: the first frame of an `xz -T` file holds 24 MiB, 0.75 s of decoding that the
-        scan would otherwise only start after."""
+        scan would otherwise only start after. Asked only for frames not in the cache."""
         return (
             self._crc_table is None
             and table.decomp_sizes[frame] >= SCAN_STREAM_MIN
             and frame not in self._ahead
             and frame not in self._inflight
-            and FRAME_CACHE.get((self._token, frame)) is None
         )
 
     def _decode_ahead(self, table: FrameTable, first: int) -> None:

@@ -168,24 +168,21 @@ class ArchiveSource(MountSource):
         return path, row_to_info(row)
 
     def list_entries(self, path: str) -> Optional[Iterable[Tuple[str, FileInfo]]]:
+        return self.list_entries_upto(path, -1)
+
+    def list_entries_upto(self, path: str, limit: int) -> Optional[List[Tuple[str, FileInfo]]]:
+        """``limit`` -1: all of them."""
         info = self.lookup(path)
         if info is None or not info.is_dir:
             return None
         parent, name = split_path(path)
         if info.ino == 0 and name.endswith(VERSIONS_SUFFIX):
             versions = self._index.versions(parent, name[: -len(VERSIONS_SUFFIX)])
-            return [(str(i + 1), _version_info(row)) for i, row in enumerate(versions)]
-        rows = self._index.list(encode(path))
-        return [(_decode(row[2]), row_to_info(row)) for row in rows if row[2]]
-
-    def list_entries_upto(self, path: str, limit: int) -> Optional[List[Tuple[str, FileInfo]]]:
-        info = self.lookup(path)
-        if info is None or not info.is_dir:
-            return None
-        if info.ino == 0:  # PATH.versions: a few rows
-            return super().list_entries_upto(path, limit)
-        rows = self._index.list(encode(path), limit + 1)  # the archive's own "./" row has no name
-        return [(_decode(row[2]), row_to_info(row)) for row in rows if row[2]][:limit]
+            entries = [(str(i + 1), _version_info(row)) for i, row in enumerate(versions)]
+        else:  # (one row more: the archive's own "./" row has no name)
+            rows = self._index.list(encode(path), limit + 1 if limit >= 0 else -1)
+            entries = [(_decode(row[2]), row_to_info(row)) for row in rows if row[2]]
+        return entries if limit < 0 else entries[:limit]
 
     def open_info(self, info: FileInfo) -> MemberFile:
         locator = info.locator
