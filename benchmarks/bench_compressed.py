@@ -1236,6 +1236,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help="measure ours from a `git archive` export of REV (default HEAD) instead of the working "
         "tree, so that commits made by others during the run do not change what is measured",
     )
+    p.add_argument(
+        "--ours-install",
+        choices=("venv", "editable"),
+        default="venv",
+        help="venv (default): pip-install ours (the working tree, or the snapshot) into a venv of "
+        "its own, as a user would and as the peer is; editable: run the working tree's editable "
+        "install (or the snapshot through a wrapper script)",
+    )
     args = p.parse_args(argv)
     args.sizes = [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]
     args.formats = [f.strip() for f in args.formats.split(",") if f.strip()]
@@ -1279,7 +1287,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.snapshot:
         snapshot = make_snapshot(args.snapshot)
         args.ours_cmd = snapshot["ratarmount"]
+        if args.ours_install == "venv":
+            venv = os.path.join(os.path.dirname(snapshot["src"]), "venv")
+            args.ours_cmd = os.path.join(bt.install_ours(snapshot["src"], venv), "ratarmount")
         log(f"ours: snapshot of {snapshot['description']} in {snapshot['src']}")
+    elif not args.ours_cmd and args.ours_install == "venv" and "ours" in args.tools + args.large_tools:
+        args.ours_cmd = os.path.join(bt.install_ours(REPO, bt.OURS_VENV), "ratarmount")
 
     # Archives first (not timed as part of the run).
     prep_start = time.perf_counter()
@@ -1326,10 +1339,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         },
         "archives": archives,
         "ours_source": (
-            f"snapshot of commit {snapshot['description']} (git archive, run from "
-            f"{os.path.relpath(snapshot['src'], REPO)})"
+            f"snapshot of commit {snapshot['description']} (git archive, run as "
+            f"{os.path.relpath(args.ours_cmd, REPO)})"
             if snapshot
             else f"working tree: {bt.git_description()}"
+            + (f" (pip-installed, run as {os.path.relpath(args.ours_cmd, REPO)})" if args.ours_cmd else "")
         ),
         "prep_s": prep_s,
         "rows": [],
