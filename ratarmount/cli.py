@@ -279,6 +279,16 @@ def describe(exc: BaseException) -> str:
     return str(exc)
 
 
+def quiet_broken_pipe() -> int:
+    """Whoever read our output stopped reading (``ratarmount --version | head -1``): exit as the
+    shell's tools do when SIGPIPE ends them, silently. stdout is pointed at /dev/null first, so
+    that flushing it at exit does not fail once more."""
+    import signal
+
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -297,6 +307,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("ratarmount: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return quiet_broken_pipe()
     except (RatarmountError, OSError) as exc:
         if args.debug:
             logger.exception("failed")

@@ -198,7 +198,7 @@ def session_arguments(fuse_options: Dict[str, Any], fsname: str, debug: bool) ->
             continue
         options[key] = value
     text = ",".join(key if value is True else f"{key}={value}" for key, value in options.items() if value is not False)
-    arguments = [b"ratarmount", b"-o", text.encode()]
+    arguments = [b"ratarmount", b"-o", os.fsencode(text)]  # values may hold names that are not UTF-8
     if debug:
         arguments.append(b"-d")
     return arguments

@@ -27,8 +27,10 @@ READY = b"\0"
 
 
 def fsname_for(source_label: str) -> str:
-    """The file system name ``mount``/``df`` show (commas would split libfuse's option string)."""
-    return f"ratarmount:{source_label}"[:200].replace(",", "_")
+    """The file system name ``mount``/``df`` show (commas would split libfuse's option string).
+    Bytes of a file name that are not UTF-8 become U+FFFD: the name is for people to read."""
+    label = os.fsencode(source_label).decode("utf-8", "replace")
+    return f"ratarmount:{label}"[:200].replace(",", "_")
 
 
 def fuse_kwargs(options: MountOptions, source_label: str) -> Dict[str, Union[str, bool]]:

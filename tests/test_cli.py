@@ -54,6 +54,19 @@ def leftovers(*folders: Path) -> list:
     return found
 
 
+def test_output_to_a_reader_that_stopped_reading_ends_quietly() -> None:
+    """``ratarmount --version | head -1``: the pipe's reader is gone before we write; no
+    traceback, no error message, the exit status a tool killed by SIGPIPE has."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run([*RATARMOUNT, "--version"], stdout=write_end, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""
+    assert result.returncode == 128 + signal.SIGPIPE
+
+
 def test_version_lists_backends() -> None:
     result = run_ratarmount("--version")
     assert result.returncode == 0
@@ -653,3 +666,34 @@ def test_a_run_of_lookups_in_a_folder_is_answered_by_the_kernel(tmp_path: Path) 
 
     opcodes = _requests_during(tmp_path, archive, stat_from_manifest)
     assert opcodes.count("LOOKUP") < len(names) // 2 and opcodes.count("READDIRPLUS") >= 1, sorted(set(opcodes))
+
+
+@pytest.mark.parametrize("api", ["low", "high"])
+def test_archives_and_mount_points_with_names_that_are_not_utf8(mounter: Mounter, tmp_path: Path, api: str) -> None:
+    """File names are bytes: an archive (plain, compressed, a single compressed file), the
+    folder it is in, and the mount point may have names that do not decode as UTF-8 (index
+    metadata, the libfuse option string and the union's cache key all failed on them)."""
+    import gzip
+
+    folder = tmp_path / os.fsdecode(b"data \xff")
+    folder.mkdir()
+    archive = folder / os.fsdecode(b"a\xfe.tar")
+    archive.write_bytes(tar_bytes({"x/f": b"hello"}))
+    compressed = folder / os.fsdecode(b"b\xfe.tar.gz")
+    compressed.write_bytes(gzip.compress(tar_bytes({"y/g": b"gzipped"})))
+    single = folder / os.fsdecode(b"c\xfe.txt.gz")
+    single.write_bytes(gzip.compress(b"plain"))
+    extra = ["--fuse-api", api]
+    for source, path, expected in ((archive, "x/f", b"hello"), (compressed, "y/g", b"gzipped")):
+        mountpoint = tmp_path / os.fsdecode(b"m\xfd" + source.name[0].encode())
+        mountpoint.mkdir()
+        mounter.mount(source, extra=extra, mountpoint=mountpoint)
+        assert (mountpoint / path).read_bytes() == expected
+        mounter.unmount(mountpoint)
+    mountpoint = mounter.mount(single, extra=extra)
+    assert os.listdir(os.fsencode(mountpoint)) == [b"c\xfe.txt"]
+    assert (mountpoint / os.fsdecode(b"c\xfe.txt")).read_bytes() == b"plain"
+    mounter.unmount(mountpoint)
+    union = mounter.mount(archive, compressed, extra=extra)
+    assert sorted(os.listdir(union)) == ["x", "y"]
+    assert (union / "y" / "g").read_bytes() == b"gzipped"

@@ -202,3 +202,25 @@ def test_only_runs_of_lookups_in_a_folder_load_it(tmp_path: Path) -> None:
             assert src.lookup("/d3") is not None
             assert src.read(f"/d3/f{f}") == f"3/{f}".encode()
         assert folders.loads == 2
+
+
+@pytest.mark.parametrize("name", ["plain", "with space", "100%", "a?b#c", "grüße", "ü&=;+,", "\udcff-not-utf8"])
+def test_index_in_a_folder_whose_name_needs_percent_encoding(tmp_path: Path, name: str) -> None:
+    """The index is opened through a file URI: characters that mean something in a URI, non-ASCII
+    names and names that are not UTF-8 at all must reach SQLite as the same file."""
+    from urllib.parse import quote
+
+    from ratarmountcore.index.pool import percent_encoded
+
+    if "\udcff" not in name:
+        assert percent_encoded("/x/" + name) == quote("/x/" + name, safe="/")
+    folder = tmp_path / name
+    folder.mkdir()
+    archive = make_tar(folder / "a.tar", 5)
+    options = OpenOptions(index=IndexOptions(index_folders=("",), progress=False))
+    with ratarmountcore.open(str(archive), options) as source:  # builds the index
+        built = sorted(source.listdir("/"))
+    assert (folder / "a.tar.index.sqlite").exists()
+    with ratarmountcore.open(str(archive), options) as source:  # opens it read-only by URI
+        assert sorted(source.listdir("/")) == built
+        assert source._index.path == str(folder / "a.tar.index.sqlite")  # type: ignore[attr-defined]

@@ -12,12 +12,21 @@ import os
 import sqlite3
 import threading
 from typing import Any, List
-from urllib.parse import quote
+
+#: Bytes a file URI carries as they are (RFC 3986's unreserved characters, and the slash).
+_URI_PLAIN = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~/")
+
+
+def percent_encoded(path: str) -> str:
+    """``path`` for a file URI: what ``urllib.parse.quote(path, safe="/")`` makes of it, but of
+    the file system's bytes (names that are not UTF-8 work too), and without importing urllib
+    (and ipaddress with it) into every mount process."""
+    return "".join(chr(byte) if byte in _URI_PLAIN else f"%{byte:02X}" for byte in os.fsencode(path))
 
 
 def read_only_uri(path: str) -> str:
     """URI that opens ``path`` read-only and immutable: no locks, no journal, no writes."""
-    return "file:" + quote(os.path.abspath(path), safe="/") + "?mode=ro&immutable=1"
+    return "file:" + percent_encoded(os.path.abspath(path)) + "?mode=ro&immutable=1"
 
 
 class ConnectionPool:

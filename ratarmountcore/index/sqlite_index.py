@@ -14,7 +14,6 @@ import posixpath
 import sqlite3
 import struct
 import time
-from importlib import resources
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..errors import InvalidIndexError, StaleIndexError
@@ -67,6 +66,10 @@ def foreign_file(path: str) -> bool:
 
 
 def _sql(name: str) -> str:
+    # Imported here, for index builds only: importlib.resources pulls in pathlib, tempfile,
+    # random, zipfile, ... which every later mount would carry in its memory (~0.5 MiB resident).
+    from importlib import resources
+
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
@@ -122,7 +125,10 @@ class IndexWriter:
         self.final_path = final_path
         self.temp_path = f"{final_path}.tmp-{os.urandom(6).hex()}"
         self._stats = stats
-        self._meta = {"archive_path": os.path.abspath(archive_path), **extra}
+        # For people reading the index; a name that is not UTF-8 is kept readable (SQLite text
+        # must be UTF-8: a surrogate-escaped name failed the build).
+        shown = os.fsencode(os.path.abspath(archive_path)).decode("utf-8", "backslashreplace")
+        self._meta = {"archive_path": shown, **extra}
         self._conn = sqlite3.connect(self.temp_path, isolation_level=None)
         self._conn.executescript(
             "PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA locking_mode=EXCLUSIVE; "

@@ -47,7 +47,7 @@ class UnionSource(MountSource):
         self.sources = list(sources)
         self._lock = threading.Lock()
         identities = [_identity(s) for s in self.sources]
-        digest = sha256("\n".join([UNION_FORMAT, *identities]).encode()).hexdigest()[:24]
+        digest = sha256(os.fsencode("\n".join([UNION_FORMAT, *identities]))).hexdigest()[:24]  # any file name
         persistent = all(i.startswith("index:") for i in identities)
         folder = os.path.expanduser(cache_folder)
         self.table_path = os.path.join(folder, f"union-{digest}.sqlite") if persistent else ":memory:"
