@@ -295,6 +295,8 @@ BAD_INPUTS = {
     "corrupt_checksum": (corrupt_header, "checksum"),
     "missing": (lambda p: p, "no such file"),
     "directory": (lambda p: (p.mkdir(), p)[1], "directory"),
+    # Opening a FIFO for reading waits for a writer: the mount must refuse it, not hang.
+    "fifo": (lambda p: (os.mkfifo(p), p)[1], "not a regular file"),
 }
 
 
@@ -308,7 +310,7 @@ def test_bad_input_gives_one_line_error(tmp_path: Path, private_home: Path, case
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     try:
-        result = run_ratarmount(str(path), str(mnt))
+        result = run_ratarmount(str(path), str(mnt), timeout=60)
     finally:
         lazy_unmount(mnt)
     assert result.returncode != 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import io
 import os
+import stat
 import threading
 from typing import Optional, Protocol, Sequence, Tuple
 
@@ -81,8 +82,14 @@ class PlainFileReader:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        self.size = os.fstat(self.fd).st_size
+        # O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer, so that
+        # the caller can refuse it (reads of regular files block whatever the flag says; it is
+        # cleared for them all the same).
+        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | os.O_NONBLOCK)
+        st = os.fstat(self.fd)
+        if stat.S_ISREG(st.st_mode):
+            os.set_blocking(self.fd, True)
+        self.size = st.st_size
 
     def pread(self, offset: int, size: int) -> bytes:
         if size <= MAX_SYSCALL_READ:
