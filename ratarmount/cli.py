@@ -285,7 +285,9 @@ def quiet_broken_pipe() -> int:
     that flushing it at exit does not fail once more."""
     import signal
 
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
     return 128 + signal.SIGPIPE
 
 
