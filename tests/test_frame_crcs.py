@@ -322,3 +322,47 @@ def test_any_read_sequence_returns_the_plain_bytes(tmp_path_factory: pytest.Temp
         check()
     finally:
         framed.FramedReader.whole_frame_limit, framed.PARTIAL_READS_MIN = saved
+
+
+def test_random_reads_in_one_large_frame_keep_the_cursors_spread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random reads in a frame too large to decode whole continue the cursor closest behind
+    them; which cursor is rewound when none is behind decides how far the next reads decode.
+    Rewinding the one that had come least far (the earlier rule) left all 8 bunched at the frame's
+    end: a third of the frame decoded per read (1,000 random reads from a single-frame .tar.zst of
+    100,000 files: 105 s through the mount); spread, an eighth."""
+    monkeypatch.setattr(framed.FramedReader, "whole_frame_limit", LARGE)
+    plain = random.Random(9).randbytes(1_000_000).hex().encode()  # 2 MB, one frame
+    archive = tmp_path / "one.bin.zst"
+    archive.write_bytes(zstd_frames(plain, 1 << 30, True))
+    decoded = [0]
+
+    class Counting:
+        def __init__(self, stream: framed.FrameStream) -> None:
+            self.stream = stream
+
+        def read(self, size: int) -> bytes:
+            data = self.stream.read(size)
+            decoded[0] += len(data)
+            return data
+
+        def skip(self, size: int) -> int:
+            count = self.stream.skip(size)
+            decoded[0] += count
+            return count
+
+        def close(self) -> None:
+            self.stream.close()
+
+    with ratarmountcore.open(str(archive), options()) as source:
+        reader = source._reader  # type: ignore[attr-defined]
+        opened = reader._open_stream
+        monkeypatch.setattr(reader, "_open_stream", lambda frame, table: Counting(opened(frame, table)))
+        rng = random.Random(4)
+        reads = 400
+        for _ in range(reads):
+            offset = rng.randrange(len(plain) - 100)
+            assert reader.pread(offset, 100) == plain[offset : offset + 100]
+    assert reader.max_cursors == 8
+    assert decoded[0] / reads < 0.16 * len(plain), decoded[0] / reads / len(plain)  # 0.125 now, 0.31 the earlier way

@@ -64,7 +64,8 @@ def test_unrelated_reads_do_not_wait() -> None:
 
 def test_forward_only_instances_spread_instead_of_rewinding() -> None:
     """With ``grow_before_rewind`` a use with nothing idle behind its offset gets a new instance
-    (up to the limit); beyond it, the instance that has come least far is rewound."""
+    (up to the limit); beyond it, the instance whose rewinding loses the least is rewound (with
+    no known end, never the one furthest ahead)."""
     made: list = []
 
     def create() -> "Slot[int]":
@@ -79,7 +80,7 @@ def test_forward_only_instances_spread_instead_of_rewinding() -> None:
     with pool.acquire(700) as slot:  # behind it: the one at 510
         assert slot.position == 510
         slot.position = 710
-    with pool.acquire(50) as slot:  # nothing behind, no room: the one at 110 (least progress)
+    with pool.acquire(50) as slot:  # nothing behind, no room: 110 loses 110 x 600, 710 600 x 200
         assert slot.position == 110
     assert len(made) == 3
     plain: InstancePool[int] = InstancePool(create, lambda _i: None, 3)
@@ -87,3 +88,24 @@ def test_forward_only_instances_spread_instead_of_rewinding() -> None:
         slot.position = 910
     with plain.acquire(100) as slot:  # without the option an idle instance is taken
         assert slot.position == 910
+
+
+def test_the_instance_rewound_is_the_one_whose_territory_is_smallest() -> None:
+    """Reads continue the instance closest behind them, so an instance is worth the offsets
+    between it and the next one ahead times how far back the one behind it is. Two instances
+    side by side near the end: one of them is rewound, not the lone one that serves the first
+    part of the file (the instance that had come least far, the earlier rule, left all of them
+    bunched at the end)."""
+    pool: InstancePool[int] = InstancePool(lambda: Slot(0, position=-1), lambda _i: None, 3, grow_before_rewind=True)
+    pool.extent = 1000
+    slots = []
+    for _ in range(3):
+        slots.append(pool._take(None))  # three instances, placed by hand
+    for slot, position in zip(slots, (100, 800, 805)):
+        slot.position = position
+        pool._give_back(slot, True)
+    with pool.acquire(50) as slot:  # nothing behind: 100 loses 100 x 700, 800 700 x 5, 805 5 x 195
+        assert slot.position == 805
+        slot.position = 50
+    with pool.acquire(90) as slot:  # behind it now: the one at 50
+        assert slot.position == 50

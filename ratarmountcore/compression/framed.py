@@ -296,6 +296,7 @@ class FramedReader(CompressedReader):
 
     def _set_table(self, table: FrameTable) -> None:
         self._frames = table
+        self._cursors.extent = table.size  # which cursor to rewind depends on where the frames end
         largest = max(table.decomp_sizes, default=0)
         self._largest_cached = largest if largest <= self.whole_frame_limit else 0
         if largest > self.whole_frame_limit and not self._warned:
@@ -478,6 +479,7 @@ class FramedReader(CompressedReader):
                     self._partial_cursors = InstancePool(
                         lambda: Slot(_Cursor(), position=-1), _Cursor.close, count, grow_before_rewind=True
                     )
+                    self._partial_cursors.extent = table.size
                 pool = self._partial_cursors
         return pool
 
