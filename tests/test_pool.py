@@ -109,3 +109,23 @@ def test_the_instance_rewound_is_the_one_whose_territory_is_smallest() -> None:
         slot.position = 50
     with pool.acquire(90) as slot:  # behind it now: the one at 50
         assert slot.position == 50
+
+
+def test_an_instance_with_momentum_is_preferred_when_nearly_as_close() -> None:
+    """A reader of members in archive order skips a header between reads; when it reaches an
+    idle instance left there by a random read, it keeps the instance that decodes ahead for it
+    (``momentum``) if that one is at most ``near`` bytes further behind."""
+    for momentum, expected in ((lambda instance: instance == "ahead", 1000), (None, 1010)):
+        pool: InstancePool[str] = InstancePool(
+            lambda: Slot("", position=-1), lambda _i: None, 2, grow_before_rewind=True, momentum=momentum, near=64
+        )
+        first, second = pool._take(None), pool._take(None)
+        first.instance, first.position = "ahead", 1000
+        second.instance, second.position = "plain", 1010
+        pool._give_back(first, True)
+        pool._give_back(second, True)
+        with pool.acquire(1010) as slot:
+            assert slot.position == expected
+            slot.position = 2000
+        with pool.acquire(2100) as slot:  # more than ``near`` apart: the closest, momentum or not
+            assert slot.position == 2000

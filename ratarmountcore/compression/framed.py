@@ -129,6 +129,9 @@ FRAMES_CACHED_AT_LEAST = 2
 SEQUENTIAL_RUN = 2
 #: A read that starts at most this far after the previous one's end still counts as sequential.
 SEQUENTIAL_GAP = 1024 * 1024
+#: A cursor decoding ahead for a sequential reader is kept for its next read even when an idle
+#: cursor sits up to this much closer behind it (see ``InstancePool``'s ``momentum``).
+MOMENTUM_NEAR = 64 * 1024
 #: Files of at least this many decompressed bytes have reads that miss the frame cache decode
 #: only the blocks up to the end of the read (half a frame on average) instead of the whole
 #: frame: the cache holds a small part of them, so whole frames would mostly be decoded for one
@@ -230,7 +233,12 @@ class FramedReader(CompressedReader):
         self._inflight: Dict[int, threading.Event] = {}
         self._decode_slots = threading.BoundedSemaphore(max(1, options.threads()))
         self._cursors: InstancePool[_Cursor] = InstancePool(
-            lambda: Slot(_Cursor(), position=-1), _Cursor.close, self.max_cursors, grow_before_rewind=True
+            lambda: Slot(_Cursor(), position=-1),
+            _Cursor.close,
+            self.max_cursors,
+            grow_before_rewind=True,
+            momentum=lambda cursor: cursor.ahead,
+            near=MOMENTUM_NEAR,
         )
         #: Cursors of reads that decode small frames only up to their end (see ``_partial``),
         #: made at the first such read, when the frame sizes are known.
@@ -477,7 +485,12 @@ class FramedReader(CompressedReader):
                     largest = max(table.decomp_sizes, default=1)
                     count = min(self.max_cursors, max(self.options.threads(), PARTIAL_CURSOR_BYTES // largest, 1))
                     self._partial_cursors = InstancePool(
-                        lambda: Slot(_Cursor(), position=-1), _Cursor.close, count, grow_before_rewind=True
+                        lambda: Slot(_Cursor(), position=-1),
+                        _Cursor.close,
+                        count,
+                        grow_before_rewind=True,
+                        momentum=lambda cursor: cursor.ahead,
+                        near=MOMENTUM_NEAR,
                     )
                     self._partial_cursors.extent = table.size
                 pool = self._partial_cursors

@@ -93,13 +93,25 @@ class InstancePool(Generic[T]):
         close: Callable[[T], None],
         max_instances: int,
         grow_before_rewind: bool = False,
+        momentum: Optional[Callable[[T], bool]] = None,
+        near: int = 0,
     ) -> None:
         """``grow_before_rewind``: for instances that can only move forward (a stream inside a
         large frame restarts from the frame start to go back), a use with no idle instance
         behind its offset gets a new instance while there is room, and otherwise rewinds the
         one that has come least far, so that the instances spread over the file and later
-        uses find one close behind them."""
+        uses find one close behind them.
+
+        ``momentum`` tells instances worth continuing (one that decodes ahead for a sequential
+        reader); of the idle instances at most ``near`` bytes behind the closest one behind an
+        offset, such an instance is preferred. A reader of members in archive order skips a
+        header between reads, and when it passed an idle instance, that one was closer behind:
+        the reader moved on with it, and the instance it left kept its decoded-ahead data and
+        thread (single-frame 100,000-file .tar.zst read in order after random reads: 17
+        threads, peak RSS 65 -> 224 MiB)."""
         self._create = create
+        self._momentum = momentum
+        self._near = near
         self._close = close
         self._max = max(1, max_instances)
         self._grow_before_rewind = grow_before_rewind
@@ -152,12 +164,17 @@ class InstancePool(Generic[T]):
         if offset is None:
             best = max(idle, key=lambda s: (s.complete, s.position))
         else:
-            exact = [s for s in idle if s.position == offset]
-            behind = [s for s in idle if 0 <= s.position < offset]
-            if exact:
-                best = exact[0]
-            elif behind:
+            # Positioned at the offset, else the closest behind it (first of equals: the one
+            # idle longest) ...
+            behind = [s for s in idle if 0 <= s.position <= offset]
+            if behind:
                 best = max(behind, key=lambda s: s.position)
+                momentum = self._momentum
+                if momentum is not None and not momentum(best.instance):
+                    # ... unless one with momentum is nearly as close.
+                    close = [s for s in behind if best.position - s.position <= self._near and momentum(s.instance)]
+                    if close:
+                        best = max(close, key=lambda s: s.position)
             elif self._grow_before_rewind:
                 best = self._least_useful(idle)
             else:
