@@ -99,8 +99,8 @@ class InstancePool(Generic[T]):
         """``grow_before_rewind``: for instances that can only move forward (a stream inside a
         large frame restarts from the frame start to go back), a use with no idle instance
         behind its offset gets a new instance while there is room, and otherwise rewinds the
-        one that has come least far, so that the instances spread over the file and later
-        uses find one close behind them.
+        one whose rewinding loses least (``_least_useful``), so that the instances stay spread
+        over the file and later uses find one close behind them.
 
         ``momentum`` tells instances worth continuing (one that decodes ahead for a sequential
         reader); of the idle instances at most ``near`` bytes behind the closest one behind an
@@ -199,9 +199,9 @@ class InstancePool(Generic[T]):
             if slot.position < 0:
                 return -1  # nowhere known: rewinding it loses nothing
             i = bisect.bisect_left(positions, slot.position)
-            behind = positions[i - 1] if i > 0 else 0
+            gap = slot.position - (positions[i - 1] if i > 0 else 0)
             ahead = positions[i + 1] if i + 1 < len(positions) else end
-            return (slot.position - behind) * (ahead - slot.position)
+            return gap * (ahead - slot.position) if gap else 0  # (never 0 x infinity)
 
         return min(idle, key=loss)
 
