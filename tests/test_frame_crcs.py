@@ -141,9 +141,15 @@ def test_checked_large_frame_is_streamed_once_by_a_sequential_reader(
                 assert f.read(5000) == plain[offset : offset + 5000]
 
 
-def test_frames_the_scan_skipped_get_their_checksums_at_the_first_mount(tmp_path: Path) -> None:
+@pytest.mark.parametrize("frames", ["read whole", "too large to read whole"])
+def test_frames_the_scan_skipped_get_their_checksums_at_the_first_mount(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, frames: str
+) -> None:
     """The data of a large member is skipped by the tar scan: its frames are decoded for their
-    checksums before the index is written, and damage in them is caught later."""
+    checksums before the index is written (whole, or streamed through a cursor), and damage in
+    them is caught later."""
+    if frames != "read whole":
+        monkeypatch.setattr(framed.FramedReader, "whole_frame_limit", 32 * 1024)  # the frames hold 64 KiB
     rng = random.Random(9)
     members: Dict[str, bytes] = {"small.txt": b"s" * 100, "large.bin": rng.randbytes(1_200_000), "z.txt": b"z"}
     archive = tmp_path / "skip.tar.zst"

@@ -217,6 +217,19 @@ class _Cursor:
         self.collector = None
 
 
+def _cursor_pool(count: int) -> InstancePool[_Cursor]:
+    """Cursors that only move forward in their frame: spread over it, a sequential reader's
+    cursor kept (see ``InstancePool``)."""
+    return InstancePool(
+        lambda: Slot(_Cursor(), position=-1),
+        _Cursor.close,
+        count,
+        grow_before_rewind=True,
+        momentum=lambda cursor: cursor.ahead,
+        near=MOMENTUM_NEAR,
+    )
+
+
 class FramedReader(CompressedReader):
     whole_frame_limit: ClassVar[int] = 32 * 1024 * 1024
     max_cursors: ClassVar[int] = 8
@@ -232,14 +245,7 @@ class FramedReader(CompressedReader):
         self._inflight_lock = threading.Lock()
         self._inflight: Dict[int, threading.Event] = {}
         self._decode_slots = threading.BoundedSemaphore(max(1, options.threads()))
-        self._cursors: InstancePool[_Cursor] = InstancePool(
-            lambda: Slot(_Cursor(), position=-1),
-            _Cursor.close,
-            self.max_cursors,
-            grow_before_rewind=True,
-            momentum=lambda cursor: cursor.ahead,
-            near=MOMENTUM_NEAR,
-        )
+        self._cursors = _cursor_pool(self.max_cursors)
         #: Cursors of reads that decode small frames only up to their end (see ``_partial``),
         #: made at the first such read, when the frame sizes are known.
         self._partial_cursors: Optional[InstancePool[_Cursor]] = None
@@ -378,32 +384,11 @@ class FramedReader(CompressedReader):
                 if table.decomp_sizes[frame] <= self.whole_frame_limit:
                     self._decode_checked(frame, table)  # collects
                 else:
-                    self._collect_large(frame, table)
+                    self._read_on(frame, table, from_start=True)  # (_verify_large_frames did already)
         # From now on this reader checks against the table, like one that opened the index.
         self._crc_table = FrameCrcs(self._collected)
         self._collected = {}
         return self._crc_table
-
-    def _collect_large(self, frame: int, table: FrameTable) -> None:
-        """Decode a large frame from its start to its end (verifying what the format checks) for
-        its block checksums."""
-        stream = self._open_stream(frame, table)
-        collector = CrcCollector()
-        try:
-            while True:
-                data = stream.read(4 << 20)
-                if not data:
-                    break
-                collector.feed(data)
-        finally:
-            stream.close()
-        if collector.position != table.decomp_sizes[frame]:
-            raise CorruptDataError(
-                f"{self.path}: {self.format_name} frame at byte {table.comp_offsets[frame]} decompressed to "
-                f"{collector.position} bytes instead of {table.decomp_sizes[frame]}"
-            )
-        self._collected[frame] = collector.checksums()
-        self._verified.add(frame)
 
     @classmethod
     def seek_point_blobs(cls, table: FrameTable, compressed_size: int) -> List[bytes]:
@@ -484,14 +469,7 @@ class FramedReader(CompressedReader):
                 if self._partial_cursors is None:
                     largest = max(table.decomp_sizes, default=1)
                     count = min(self.max_cursors, max(self.options.threads(), PARTIAL_CURSOR_BYTES // largest, 1))
-                    self._partial_cursors = InstancePool(
-                        lambda: Slot(_Cursor(), position=-1),
-                        _Cursor.close,
-                        count,
-                        grow_before_rewind=True,
-                        momentum=lambda cursor: cursor.ahead,
-                        near=MOMENTUM_NEAR,
-                    )
+                    self._partial_cursors = _cursor_pool(count)
                     self._partial_cursors.extent = table.size
                 pool = self._partial_cursors
         return pool
