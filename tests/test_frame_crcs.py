@@ -141,6 +141,43 @@ def test_checked_large_frame_is_streamed_once_by_a_sequential_reader(
                 assert f.read(5000) == plain[offset : offset + 5000]
 
 
+@pytest.mark.parametrize("kind", ["large frames", "partial reads"])
+def test_reads_in_order_that_end_a_frame_do_not_decode_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A read widened to whole blocks that reaches a frame's end ends its cursor's stream. The
+    cursor keeps its last block: the next members, which lie in that same block, are served from
+    it. Dropping the cursor there made each of them decode the frame again from its start (24
+    MiB xz blocks read in archive order: 4-5 reads of 0.8 s at every block's end, 30,000 files
+    10.1 s -> 3.0 s in-process)."""
+    if kind == "large frames":
+        monkeypatch.setattr(framed.FramedReader, "whole_frame_limit", LARGE)
+    else:  # frames cached whole, but the file counts as too large for the cache
+        monkeypatch.setattr(framed, "PARTIAL_READS_MIN", 0)
+    # (a tar: its first pass decodes every frame and records the block checksums partial reads need)
+    plain = tar_bytes({"data.bin": random.Random(12).randbytes(590_000).hex().encode()})
+    frame = 400_000  # > LARGE; three frames
+    archive = tmp_path / "three.tar.zst"
+    archive.write_bytes(zstd_frames(plain, frame, True))
+    opened: List[int] = []
+    original = ZstdReader._open_stream
+
+    def counting(self: ZstdReader, frame: int, table: framed.FrameTable) -> framed.FrameStream:
+        opened.append(frame)
+        return original(self, frame, table)
+
+    ratarmountcore.open(str(archive), options()).close()  # builds the index
+    monkeypatch.setattr(ZstdReader, "_open_stream", counting)
+    with ratarmountcore.open(str(archive), options()) as source:
+        reader = source._reader  # type: ignore[attr-defined]
+        reader._ahead_depth = 0  # (frames decoded whole ahead would not go through cursors)
+        for offset in range(0, len(plain), 3000 + 512):  # members of 3,000 bytes, a header between
+            assert reader.pread(offset, 3000) == plain[offset : offset + 3000]
+        assert opened == [0, 1, 2], opened
+        for offset in (frame - 5000, 2 * frame - 100, len(plain) - 10):  # back into ended frames
+            assert reader.pread(offset, 4000) == plain[offset : offset + 4000]
+
+
 @pytest.mark.parametrize("frames", ["read whole", "too large to read whole"])
 def test_frames_the_scan_skipped_get_their_checksums_at_the_first_mount(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, frames: str

@@ -586,7 +586,11 @@ class FramedReader(CompressedReader):
         with (cursors or self._cursors).acquire(start + position) as slot:
             cursor = slot.instance
             with self.data_errors():
-                if cursor.stream is None or cursor.frame != frame or cursor.position - len(cursor.tail) > position:
+                if (
+                    cursor.frame != frame
+                    or cursor.position - len(cursor.tail) > position
+                    or (cursor.stream is None and position + size > cursor.position)
+                ):
                     cursor.close()
                     cursor.stream = self._open_stream(frame, table)
                     cursor.frame, cursor.position, cursor.run = frame, 0, 0
@@ -595,6 +599,9 @@ class FramedReader(CompressedReader):
                 head = b""
                 if position < cursor.position:  # inside the bytes kept from the last read
                     head = cursor.tail[len(cursor.tail) - (cursor.position - position) :][:size]
+                stream = cursor.stream
+                if stream is None:  # at the end of its frame, and the read lies inside the kept block
+                    return head
                 # Forward by at most a small gap (a scan skips the data of small members).
                 cursor.run = cursor.run + 1 if -len(cursor.tail) <= position - cursor.position <= SEQUENTIAL_GAP else 0
                 if cursor.run >= SEQUENTIAL_RUN and self._ahead_depth and not cursor.ahead:
@@ -604,7 +611,7 @@ class FramedReader(CompressedReader):
                     # random reads: 8.5 s without, 10.0 s with read-ahead).
                     from .stream_ahead import ReadAheadStream  # (imports this module)
 
-                    cursor.stream = ReadAheadStream(cursor.stream)
+                    cursor.stream = stream = ReadAheadStream(stream)
                     cursor.ahead = True
                 collector = cursor.collector
                 ended = False
@@ -613,11 +620,11 @@ class FramedReader(CompressedReader):
                 while cursor.position < position:  # skip forward, in bounded steps
                     step = min(position - cursor.position, 1 << 20)
                     if collector is not None:  # every byte goes through the checksums
-                        skipped_data = cursor.stream.read(step)
+                        skipped_data = stream.read(step)
                         collector.feed(skipped_data)
                         skipped = len(skipped_data)
                     else:
-                        skipped = cursor.stream.skip(step)
+                        skipped = stream.skip(step)
                     if not skipped:
                         ended = True
                         break
@@ -625,7 +632,7 @@ class FramedReader(CompressedReader):
                 pieces = []
                 remaining = size - len(head) if cursor.position == position + len(head) else 0
                 while remaining > 0:
-                    data = cursor.stream.read(remaining)
+                    data = stream.read(remaining)
                     if not data:
                         ended = True
                         break
@@ -636,7 +643,7 @@ class FramedReader(CompressedReader):
                     for data in pieces:
                         collector.feed(data)
                 if not ended and cursor.position == length:
-                    if cursor.stream.read(1):  # reading past the end verifies the checksum
+                    if stream.read(1):  # reading past the end verifies the checksum
                         raise CorruptDataError(f"{self.path}: {self.format_name} frame {frame} is longer than indexed")
                     ended = True
                 fresh = b"".join(pieces)
@@ -650,15 +657,23 @@ class FramedReader(CompressedReader):
                         # A read sized by the open end's bound (maybe before another thread
                         # settled it) gets what there is.
                         size = min(size, max(0, cursor.position - position))
-                    cursor.close()
-                elif fresh:
+                if fresh:
                     cursor.tail = fresh[-BLOCK:] if len(fresh) >= BLOCK else (cursor.tail + fresh)[-BLOCK:]
+                if ended:
+                    # The stream is done; the cursor keeps its place and its last block, so
+                    # that the next reads in order (which start inside that block once widened
+                    # to whole blocks) are served from it instead of decoding the frame again
+                    # from its start.
+                    frame_kept, position_kept, tail = cursor.frame, cursor.position, cursor.tail
+                    cursor.close()
+                    if position_kept == length:
+                        cursor.frame, cursor.position, cursor.tail = frame_kept, position_kept, tail
             result = head + fresh if head else fresh
             if len(result) != size:
                 raise CorruptDataError(
                     f"{self.path}: {self.format_name} frame at byte {table.comp_offsets[frame]} ends early"
                 )
-            slot.position = start + cursor.position - len(cursor.tail) if cursor.stream is not None else -1
+            slot.position = start + cursor.position - len(cursor.tail) if cursor.frame >= 0 else -1
             return result
 
     def _verify_large_frames(self, table: FrameTable) -> None:
