@@ -22,10 +22,14 @@ from .framed import FrameStream
 
 logger = logging.getLogger(__name__)
 
-#: Decoded bytes per piece handed from the decoding thread to the reader.
-PIECE = 4 << 20
+#: Decoded bytes per piece handed from the decoding thread to the reader. Pieces of 4 MiB held
+#: 16 MiB per stream in flight (3 queued, one being read, one being decoded, its bytearray copied
+#: once more into bytes), from malloc's heaps (below the daemon's mmap threshold): a .tar.xz of 24
+#: MiB blocks read in order through the mount peaked at 120 MiB with two streams; 72 MiB now. The
+#: hand-over costs ~50 us per piece.
+PIECE = 1 << 20
 #: Pieces the decoding thread may hold ahead of the reader.
-DEPTH = 3
+DEPTH = 4
 
 _Item = Union[bytes, BaseException]
 
