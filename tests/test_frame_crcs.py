@@ -5,6 +5,7 @@ and never returns wrong bytes; frames that check themselves need no table."""
 from __future__ import annotations
 
 import lzma
+import os
 import random
 import sqlite3
 import subprocess
@@ -15,6 +16,8 @@ from typing import Dict, List
 import pytest
 import zstandard
 from conftest import Mounter, tar_bytes
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_gzip_block_crcs import eio_after_damage, flip_unsampled_bit, make_members, read_all
 
 import ratarmountcore
@@ -354,9 +357,6 @@ _PLAIN = random.Random(77).randbytes(300_000).hex().encode()  # 600 kB, compress
 def test_any_read_sequence_returns_the_plain_bytes(tmp_path_factory: pytest.TempPathFactory, mode: str) -> None:
     """Property: whatever reads come in whatever order (overlapping, backwards, across frame
     ends, past the end), streamed and checked reads return exactly the plain bytes."""
-    from hypothesis import given, settings
-    from hypothesis import strategies as st
-
     folder = tmp_path_factory.mktemp(mode)
     archive = folder / "p.bin.zst"
     archive.write_bytes(zstd_frames(_PLAIN, 96 * 1024 if mode == "partial" else 1 << 30, True))
@@ -464,3 +464,93 @@ def test_reading_in_order_after_random_reads_keeps_one_read_ahead(
         for offset in range(0, len(plain), 3000 + 512):  # members of 3,000 bytes, a header between
             assert reader.pread(offset, 3000) == plain[offset : offset + 3000]
     assert 1 <= len(started) <= 2, len(started)
+
+
+_PARK_PLAIN = random.Random(78).randbytes(350_000).hex().encode()  # 700 kB, compresses ~2:1
+#: Runs of reads in order: where the run starts, how many reads, how long each, the gap between.
+_RUNS = st.lists(
+    st.tuples(
+        st.integers(0, len(_PARK_PLAIN) + 100),
+        st.integers(1, 40),
+        st.one_of(st.integers(1, 5000), st.integers(5000, 90_000)),
+        st.sampled_from([0, 0, 512, 4096]),
+    ),
+    min_size=1,
+    max_size=5,
+)
+
+
+def _reads_of(runs: List[tuple]) -> List[tuple]:
+    reads = []
+    for start, count, size, gap in runs:
+        for i in range(count):
+            reads.append((start + i * (size + gap), size))
+    return reads
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("kind", ["zst-cursor-frames", "zst-partial-frames", "xz-cursor-blocks"])
+def test_runs_in_order_through_parked_streams_return_the_plain_bytes(
+    tmp_path_factory: pytest.TempPathFactory, kind: str, threads: int
+) -> None:
+    """Property: reads in order through frames read by cursors, where the frame after the
+    current one is streamed ahead (parked) and taken over by the cursor that gets to it, return
+    exactly the plain bytes, for runs that start anywhere, skip gaps, jump back and overlap,
+    from several threads at once. (The first pass's parking is
+    ``test_first_pass_streams_a_large_first_frame_instead_of_waiting_for_it``.)"""
+    folder = tmp_path_factory.mktemp(f"{kind}-{threads}")
+    if kind.startswith("xz"):
+        archive = folder / "p.bin.xz"
+        archive.write_bytes(xz_cli_blocks(_PARK_PLAIN, "crc32"))  # 128 KiB blocks
+    else:
+        archive = folder / "p.bin.zst"
+        # Frames without a checksum of their own get block checksums, which partial reads need.
+        archive.write_bytes(zstd_frames(_PARK_PLAIN, 96 * 1024, kind != "zst-partial-frames"))
+    saved = (framed.FramedReader.whole_frame_limit, framed.PARTIAL_READS_MIN, framed.SCAN_STREAM_MIN)
+    framed.FramedReader.whole_frame_limit = saved[0] if kind == "zst-partial-frames" else 64 * 1024
+    framed.PARTIAL_READS_MIN = 0
+    framed.SCAN_STREAM_MIN = 0  # every frame read through a cursor is parked ahead
+    parked: List[int] = []
+    original_park = framed.FramedReader._park
+
+    def counting_park(self: framed.FramedReader, frame: int, table: framed.FrameTable) -> None:
+        parked.append(frame)
+        original_park(self, frame, table)
+
+    framed.FramedReader._park = counting_park  # type: ignore[method-assign]
+    try:
+        ratarmountcore.open(str(archive), options()).close()  # the index, by a first pass in order
+
+        @settings(max_examples=int(os.environ.get("READ_SEQUENCE_EXAMPLES", "25")), deadline=None)
+        @given(st.lists(_RUNS, min_size=threads, max_size=threads))
+        def check(per_thread: List[List[tuple]]) -> None:
+            wrong: List[tuple] = []
+            with ratarmountcore.open(str(archive), options()) as source:
+                reader = source._reader  # type: ignore[attr-defined]
+
+                def work(runs: List[tuple]) -> None:
+                    for offset, size in _reads_of(runs):
+                        try:
+                            if reader.pread(offset, size) != _PARK_PLAIN[offset : offset + size]:
+                                wrong.append((offset, size))
+                        except Exception as exc:  # a read that fails is as wrong as wrong bytes
+                            wrong.append((offset, size, repr(exc)))
+
+                workers = [threading.Thread(target=work, args=(runs,)) for runs in per_thread]
+                for worker in workers:
+                    worker.start()
+                for worker in workers:
+                    worker.join()
+            assert not wrong
+
+        check()
+    finally:
+        framed.FramedReader._park = original_park  # type: ignore[method-assign]
+        framed.FramedReader.whole_frame_limit, framed.PARTIAL_READS_MIN, framed.SCAN_STREAM_MIN = saved
+    if reader_has_ahead():
+        assert parked, "no frame was parked: the test does not reach the path it is about"
+
+
+def reader_has_ahead() -> bool:
+    """Whether readers decode ahead at all (not on one core)."""
+    return (os.cpu_count() or 1) > 1
