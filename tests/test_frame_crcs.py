@@ -554,3 +554,29 @@ def test_runs_in_order_through_parked_streams_return_the_plain_bytes(
 def reader_has_ahead() -> bool:
     """Whether readers decode ahead at all (not on one core)."""
     return (os.cpu_count() or 1) > 1
+
+
+def test_streams_parked_ahead_stay_few_whatever_the_order_of_the_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each run of reads in order that moves into a new frame parks a stream at the frame
+    after it (a decoder plus its read-ahead pieces: ~12 MiB for an xz block of 24 MiB). Runs
+    that go backwards through the file left every one of them parked until the file was
+    closed; at most one per decoding thread is kept, the oldest closed first."""
+    monkeypatch.setattr(framed.FramedReader, "whole_frame_limit", 32 * 1024)
+    monkeypatch.setattr(framed, "SCAN_STREAM_MIN", 0)
+    archive = tmp_path / "p.bin.zst"
+    archive.write_bytes(zstd_frames(_PARK_PLAIN, 48 * 1024, True))
+    with ratarmountcore.open(str(archive), options()) as source:
+        reader = source._reader  # type: ignore[attr-defined]
+        if not reader._ahead_depth:
+            pytest.skip("one core: nothing is decoded ahead")
+        table = reader.frames
+        assert len(table) >= 12
+        most = 0
+        for frame in range(len(table) - 3, 0, -2):  # runs from the end towards the start
+            start, length = table.decomp_offsets[frame], table.decomp_sizes[frame]
+            for offset, size in ((start + 10, 100), (start + length - 50, 100)):  # into frame + 1
+                assert reader.pread(offset, size) == _PARK_PLAIN[offset : offset + size]
+            most = max(most, len(reader._parked))
+        assert 1 <= most <= reader._ahead_depth, most

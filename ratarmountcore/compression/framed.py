@@ -256,7 +256,7 @@ class FramedReader(CompressedReader):
         self._ahead: Dict[int, "concurrent.futures.Future[FrameData]"] = {}
         self._ahead_depth = max(1, options.threads()) if options.threads() > 1 else 0
         #: Streams of the next large frame, decoding ahead for a sequential reader until a
-        #: cursor restarting in that frame takes them over (see ``_park``).
+        #: cursor restarting in that frame takes them over (see ``_park``); oldest first.
         self._parked: Dict[int, FrameStream] = {}
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._last_frame = -2
@@ -515,6 +515,10 @@ class FramedReader(CompressedReader):
                 self._parked.pop(stale).close()
             if frame in self._parked:
                 return
+            # One per decoding thread, the oldest closed first: runs in order that go backwards
+            # through the file would otherwise leave a stream parked ahead of each of them.
+            while self._parked and len(self._parked) >= max(1, self._ahead_depth):
+                self._parked.pop(next(iter(self._parked))).close()
             half = min(table.decomp_sizes[frame], AHEAD_BYTES) // 2 // PIECE + 1
             depth = half if self._crc_table is None else DEPTH
             self._parked[frame] = ReadAheadStream(self._open_stream(frame, table), depth=depth)
