@@ -330,8 +330,9 @@ class FramedReader(CompressedReader):
         elif largest >= SLOW_FRAME_BYTES and not self._warned:
             self._warned = True
             logger.warning(
-                "%s has %s frames of up to %.0f MiB: each random read that misses the cache decodes a "
-                "whole frame (about 0.1 s per 4 MiB), so random access will be slow. %s",
+                "%s has %s frames of up to %.0f MiB: each random read that misses the cache decodes "
+                "its frame from the start (up to all of it, about 0.1 s per 4 MiB), so random access "
+                "will be slow. %s",
                 self.path,
                 self.format_name,
                 largest / 2**20,
