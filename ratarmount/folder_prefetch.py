@@ -23,7 +23,7 @@ import logging
 import os
 import queue
 import threading
-from typing import Optional
+from typing import Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -39,39 +39,44 @@ class FolderPrefetcher:
 
     def __init__(self, mountpoint: str) -> None:
         self.mountpoint = mountpoint.rstrip("/")
-        self._queue: "queue.SimpleQueue[Optional[str]]" = queue.SimpleQueue()
+        self._queue: "queue.SimpleQueue[Optional[Tuple[str, Optional[threading.Event]]]]" = queue.SimpleQueue()
         self._listed: "collections.OrderedDict[str, None]" = collections.OrderedDict()
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._closed = False
         self.listings = 0
 
-    def request(self, path: str, entries: int) -> None:
+    def request(self, path: str, entries: int, done: Optional[threading.Event] = None) -> bool:
         """A lookup run began in folder ``path`` (of ``entries`` entries): list it unless it is
-        too large or was listed already."""
+        too large or was listed already (then False). ``done`` is set once it was listed."""
         if entries > FOLDER_MAX or entries < 2:
-            return
+            return False
         with self._lock:
             if self._closed or path in self._listed:
-                return
+                return False
             self._listed[path] = None
             if len(self._listed) > REMEMBERED:
                 self._listed.popitem(last=False)
             if self._thread is None:  # started on first use: the daemon forks after we are made
                 self._thread = threading.Thread(target=self._run, name="ratarmount-folder-prefetch", daemon=True)
                 self._thread.start()
-        self._queue.put(path)
+        self._queue.put((path, done))
+        return True
 
     def _run(self) -> None:
         while True:
-            path = self._queue.get()
-            if path is _STOP:
+            item = self._queue.get()
+            if item is _STOP:
                 return
+            path, done = item
             try:
                 os.listdir(self.mountpoint + path)
                 self.listings += 1
             except OSError as exc:
                 logger.debug("could not list %s for the lookups in it: %s", path, exc)
+            finally:
+                if done is not None:
+                    done.set()
 
     def close(self) -> None:
         """Stop the thread after the listing in progress. Not waited for: at the end of a session

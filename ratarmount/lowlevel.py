@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
 from ratarmountcore.errors import RatarmountError
 
+from . import parallel_dirops
 from .capabilities import FUSE_CAP_NO_OPEN_SUPPORT, FUSE_CAP_NO_OPENDIR_SUPPORT, listing_always_with_attributes
 from .errnos import errno_of
 from .lowlevel_ops import LowLevelOperations
@@ -153,6 +154,10 @@ def _load_library() -> Any:
     lib.fuse_loop_cfg_set_max_threads.argtypes = [ctypes.c_void_p, ctypes.c_uint]
     lib.fuse_loop_cfg_set_idle_threads.argtypes = [ctypes.c_void_p, ctypes.c_uint]
     lib.fuse_session_loop_mt_312.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.fuse_session_fd.argtypes = [ctypes.c_void_p]
+    lib.fuse_session_fd.restype = ctypes.c_int
+    lib.fuse_session_process_buf.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.fuse_session_process_buf.restype = None
     return lib
 
 
@@ -404,6 +409,7 @@ class LowLevelFuse:
                 if lib.fuse_session_mount(session, os.fsencode(mountpoint)) != 0:
                     raise RatarmountError(f"cannot mount at {mountpoint} (see the message above)")
                 try:
+                    self.ops.parallel_dirops = parallel_dirops.negotiate(lib, session)
                     config = lib.fuse_loop_cfg_create()
                     try:
                         lib.fuse_loop_cfg_set_max_threads(config, self.max_threads)

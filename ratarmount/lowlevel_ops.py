@@ -49,6 +49,9 @@ REPLY_FOLDER_MAX = 512
 REPLY_FOLDERS_MAX = 256
 #: Listings of folders read without OPENDIR kept at once (each until its last page is served).
 NODE_LISTINGS_MAX = 64
+#: How long the lookup that hands a folder to the prefetcher waits for the listing (see
+#: ``lookup``); a listing of a folder of 4,096 entries takes ~20 ms on a small VM.
+LISTING_WAIT = 0.25
 #: Inode number in listings of entries that have none (readdir must not report 0).
 UNKNOWN_INO = 0xFFFFFFFF
 
@@ -92,6 +95,11 @@ class LowLevelOperations:
         self.no_opendir = False
         self._node_listings: "collections.OrderedDict[int, List[Listed]]" = collections.OrderedDict()
         self._node_listings_lock = threading.Lock()
+        #: Whether the kernel lets lookups and listings of one folder run at the same time
+        #: (``parallel_dirops.py``); only then may a lookup wait for a listing of its folder.
+        self.parallel_dirops = False
+        #: Per folder being listed for a run of lookups: the name whose lookup waits for it.
+        self._waiting: Dict[int, bytes] = {}
         self._timeout = TIMEOUT if source.is_immutable else 1
         # LOOKUP, then GETATTR or READ of the same path: remember recent answers (misses too).
         self._entry: Callable[[str], Optional[Entry]] = (
@@ -169,7 +177,14 @@ class LowLevelOperations:
         in_run = parent == self._last_parent
         self._last_parent = parent
         if in_run:
-            self._follow_run(parent)
+            listed = self._follow_run(parent, name)
+            if listed is not None:
+                # Answered once the kernel knows the folder: lookups in it racing with the
+                # listing made it drop attributes it had just been given (a GETATTR for each
+                # later stat there) and sent ~25 more LOOKUPs per folder of 100; waiting here,
+                # a stat of every file costs two lookups per folder.
+                listed.wait(LISTING_WAIT)
+                self._waiting.pop(parent, None)
         elif info is not None and info.is_file:
             # Not one of a run of lookups in one folder (a stat of every file): a random open,
             # whose READ follows at once. The source may start fetching the data now.
@@ -194,24 +209,34 @@ class LowLevelOperations:
                 return self._lookup(parent, name)
         return self._lookup_slow(parent, name)
 
-    def _follow_run(self, parent: int) -> None:
+    def _follow_run(self, parent: int, name: bytes) -> Optional[threading.Event]:
         """Two lookups in a row in one folder (a stat or open of every file; random opens
         alternate between a folder and its parent): hand the folder to the prefetcher, once per
-        run, with its size from the replies made for the run."""
+        run, with its size from the replies made for the run. Returns what the lookup of
+        ``name`` waits for, when it should wait for the listing."""
         if parent == self._handed_over or self.prefetcher is None:
-            return
+            return None
         self._handed_over = parent
         path = self._resolve(parent)[0]
         sizes = self._folder_sizes
         size = sizes.get(path)
+        listed = None
         if size is not None:
-            self.prefetcher.request(path, size)
+            if self.parallel_dirops:
+                # The kernel holds ``name`` as "being looked up" until we answer: the listing
+                # must not name it with a node id, or the kernel would wait for this lookup.
+                listed = threading.Event()
+                self._waiting[parent] = name
+            if not self.prefetcher.request(path, size, listed):
+                self._waiting.pop(parent, None)
+                listed = None
             # Its parent too, when its lookups came in runs as well (a walk over every file of
             # the tree looks up each folder there between the runs in them).
             above = path.rsplit("/", 1)[0] or "/"
             size = sizes.get(above) if path != "/" else None
             if size is not None:
                 self.prefetcher.request(above, size)
+        return listed
 
     def _lookup_slow(self, parent: int, name: bytes) -> Tuple[bytes, Optional[FileInfo]]:
         base = self._resolve(parent)[0]
@@ -351,12 +376,15 @@ class LowLevelOperations:
         ]
         own_node = self._own_node
         offset = 2
+        waiting = self._waiting.get(node)
         for name, info in entries:
             offset += 1
             raw = name.encode(ENCODING, "surrogateescape")
             entry_node = own_node(info)
             if entry_node:
-                listing.append((raw, "", info, plus(entry_node, info, timeout, offset, raw, entry_node)))
+                # (node id 0: the kernel links nothing for the entry a lookup waits on)
+                given = 0 if raw == waiting else entry_node
+                listing.append((raw, "", info, plus(given, info, timeout, offset, raw, entry_node)))
             else:
                 listing.append((raw, prefix + name, info, b""))
         return listing

@@ -420,8 +420,9 @@ class _RecordingPrefetcher:
     def __init__(self) -> None:
         self.requests: List[Tuple[str, int]] = []
 
-    def request(self, path: str, entries: int) -> None:
+    def request(self, path: str, entries: int, done: object = None) -> bool:
         self.requests.append((path, entries))
+        return True
 
     def close(self) -> None:
         self.requests.append(("closed", 0))
@@ -507,3 +508,53 @@ def test_random_opens_tell_the_source_what_will_be_read(tmp_path: Path, union: b
         lookup(ops, a, b"missing")
         expected = [archive_source.lookup(p).locator for p in ("/a/f0", "/c/h", "/a/f1")]
         assert hinted == [(locator.offset, 1) for locator in expected]
+
+
+class _ListingPrefetcher:
+    """Lists the folder at once through ``ops`` (as the kernel would, asked by the prefetcher's
+    thread) and tells the waiting lookup it is done."""
+
+    def __init__(self) -> None:
+        self.ops: LowLevelOperations
+        self.node = 0
+        self.listed: List[Tuple[bytes, int, int, Dict[str, int]]] = []
+        self.waited: List[bool] = []
+
+    def request(self, path: str, entries: int, done: object = None) -> bool:
+        if path != "/":
+            self.waited.append(done is not None)
+            self.listed = list_by_node(self.ops, self.node, plus=True, size=1 << 16)
+            if done is not None:
+                done.set()  # type: ignore[attr-defined]
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_the_lookup_that_hands_a_folder_over_waits_for_its_listing(tmp_path: Path, parallel: bool) -> None:
+    """With parallel lookups and listings negotiated, the second lookup of a run waits for the
+    listing of its folder, and that listing names its entry without a node id (the kernel would
+    wait for the lookup before linking it: a deadlock); every other entry carries its own."""
+    archive = tmp_path / "run.tar"
+    archive.write_bytes(tar_bytes({f"a/f{i}": b"a" * i for i in range(6)}))
+    with ratarmountcore.open(str(archive)) as source:
+        prefetcher = _ListingPrefetcher()
+        ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
+        ops.init(no_open_supported=True, no_opendir_supported=True)
+        ops.parallel_dirops = parallel
+        prefetcher.ops = ops
+        a = lookup(ops, ROOT_ID, b"a")[0]
+        prefetcher.node = a
+        lookup(ops, a, b"f0")
+        assert lookup(ops, a, b"f1")[1]["size"] == 1
+        assert prefetcher.waited == [parallel]
+        nodes = {name: node for name, _offset, node, _attrs in prefetcher.listed}
+        assert set(nodes) == {b".", b".."} | {f"f{i}".encode() for i in range(6)}
+        assert (nodes[b"f1"] == 0) is parallel
+        assert all(node > 0 for name, node in nodes.items() if name not in (b"f1", b".", b".."))
+        assert not ops._waiting
+        # A listing made later names every entry again.
+        again = list_by_node(ops, a, True, 1 << 16)
+        assert all(node > 0 for name, _o, node, _a in again if name not in (b".", b".."))

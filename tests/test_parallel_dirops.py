@@ -1,0 +1,49 @@
+"""The answer to FUSE_INIT gets FUSE_PARALLEL_DIROPS when the kernel offers it (libfuse up to
+3.16 leaves it out); nothing else in the answer changes."""
+
+from __future__ import annotations
+
+import struct
+
+from ratarmount.parallel_dirops import FUSE_INIT, FUSE_PARALLEL_DIROPS, init_flags, patch_init_reply
+
+IN_HEADER = struct.Struct("=IIQQIIII")
+OUT_HEADER = struct.Struct("=IiQ")
+
+
+def init_request(flags: int, opcode: int = FUSE_INIT) -> bytes:
+    body = struct.pack("=IIII", 7, 38, 131072, flags) + bytes(48)  # then flags2 and unused
+    return IN_HEADER.pack(IN_HEADER.size + len(body), opcode, 2, 0, 0, 0, 0, 0) + body
+
+
+def init_reply(flags: int, error: int = 0) -> bytes:
+    body = struct.pack("=IIIIHHIIHHI", 7, 38, 131072, flags, 12, 9, 1 << 20, 1, 256, 0, 0) + bytes(28)
+    if error:
+        body = b""
+    return OUT_HEADER.pack(OUT_HEADER.size + len(body), error, 2) + body
+
+
+OFFERED = 0x3FFFFFFF
+LIBFUSE_3_14 = 0x0010B829  # an answer of libfuse 3.14: without bit 18
+
+
+def test_the_bit_is_set_when_offered_and_nothing_else_changes() -> None:
+    reply = init_reply(LIBFUSE_3_14)
+    patched = patch_init_reply(init_request(OFFERED), reply)
+    assert init_flags(patched) == LIBFUSE_3_14 | FUSE_PARALLEL_DIROPS
+    assert len(patched) == len(reply)
+    changed = [i for i, (a, b) in enumerate(zip(reply, patched)) if a != b]
+    assert changed == [OUT_HEADER.size + 12 + 2]  # the third byte of ``flags``
+
+
+def test_answers_left_alone() -> None:
+    reply = init_reply(LIBFUSE_3_14)
+    assert patch_init_reply(init_request(OFFERED & ~FUSE_PARALLEL_DIROPS), reply) == reply  # not offered
+    assert patch_init_reply(init_request(OFFERED, opcode=1), reply) == reply  # not FUSE_INIT
+    failed = init_reply(0, error=-71)
+    assert patch_init_reply(init_request(OFFERED), failed) == failed
+    assert init_flags(failed) == 0
+    assert patch_init_reply(init_request(OFFERED)[:20], reply) == reply  # short
+    assert patch_init_reply(init_request(OFFERED), reply[:20]) == reply[:20]
+    already = init_reply(LIBFUSE_3_14 | FUSE_PARALLEL_DIROPS)  # libfuse 3.17 and later
+    assert patch_init_reply(init_request(OFFERED), already) == already
