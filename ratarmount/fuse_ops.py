@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
 from ratarmountcore.sources.base import FileInfo, MountSource
 
-from .capabilities import FUSE_CAP_NO_OPEN_SUPPORT, listing_always_with_attributes
+from .capabilities import FUSE_CAP_NO_OPEN_SUPPORT, wanted_capabilities
 from .errnos import errno_of
 from .fuse_compat import FUSE_FILL_DIR_PLUS, FUSE_UNKNOWN_INO, fuse
 from .open_files import OpenFiles
@@ -104,7 +104,7 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
         libfuse3 = getattr(fuse, "fuse_version_major", 2) == 3
         self._no_open = libfuse3 and bool(capable & FUSE_CAP_NO_OPEN_SUPPORT)
         if libfuse3 and conn is not None:
-            conn.want = listing_always_with_attributes(conn.want)
+            conn.want = wanted_capabilities(conn.want, capable, self.source.is_immutable)
         if self._on_ready is not None:
             self._on_ready()
 

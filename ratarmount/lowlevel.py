@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 from ratarmountcore.errors import RatarmountError
 
 from . import parallel_dirops
-from .capabilities import FUSE_CAP_NO_OPEN_SUPPORT, FUSE_CAP_NO_OPENDIR_SUPPORT, listing_always_with_attributes
+from .capabilities import FUSE_CAP_NO_OPEN_SUPPORT, FUSE_CAP_NO_OPENDIR_SUPPORT, wanted_capabilities
 from .errnos import errno_of
 from .lowlevel_ops import LowLevelOperations
 
@@ -265,8 +265,8 @@ class LowLevelFuse:
             pin()
             try:
                 info = conn.contents
-                info.want = listing_always_with_attributes(info.want)
                 capable = info.capable
+                info.want = wanted_capabilities(info.want, capable, ops.source.is_immutable)
                 ops.init(bool(capable & FUSE_CAP_NO_OPEN_SUPPORT), bool(capable & FUSE_CAP_NO_OPENDIR_SUPPORT))
             except BaseException as exc:  # noqa: BLE001 - never let an exception cross into C
                 logger.error("init failed: %s", exc)

@@ -725,3 +725,28 @@ def test_a_stat_of_every_file_costs_two_lookups_per_folder(tmp_path: Path) -> No
     assert opcodes.count("LOOKUP") <= 2 * folders + 4, opcodes.count("LOOKUP")  # and a few folders
     assert opcodes.count("GETATTR") <= 2, opcodes.count("GETATTR")
     assert opcodes.count("READDIRPLUS") >= folders
+
+
+@requires_fuse
+@pytest.mark.parametrize("api", ["low", "high"])
+def test_symlink_targets_are_asked_for_once(tmp_path: Path, api: str) -> None:
+    """On an immutable mount the kernel keeps symlink targets (FUSE_CACHE_SYMLINKS): a software
+    environment resolving ``bin/python`` at every start sends one READLINK per link and mount."""
+    archive = tmp_path / "env.tar"
+    with tarfile.open(archive, "w") as tar:
+        for name, target in (("bin/python", "python3.11"), ("lib/libz.so.1", "libz.so.1.2.13")):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+        data = tarfile.TarInfo("bin/python3.11")
+        data.size = 3
+        tar.addfile(data, io.BytesIO(b"elf"))
+
+    def resolve_often(mnt: Path) -> None:
+        for _ in range(5):
+            assert os.readlink(mnt / "bin/python") == "python3.11"
+            assert os.readlink(mnt / "lib/libz.so.1") == "libz.so.1.2.13"
+            assert (mnt / "bin/python").read_bytes() == b"elf"  # followed by the kernel
+
+    opcodes = _requests_during(tmp_path, archive, resolve_often, ["--fuse-api", api])
+    assert opcodes.count("READLINK") == 2, opcodes.count("READLINK")
