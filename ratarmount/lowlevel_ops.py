@@ -100,6 +100,7 @@ class LowLevelOperations:
         self.parallel_dirops = False
         #: Per folder being listed for a run of lookups: the name whose lookup waits for it.
         self._waiting: Dict[int, bytes] = {}
+        self._waiting_lock = threading.Lock()
         self._timeout = TIMEOUT if source.is_immutable else 1
         # LOOKUP, then GETATTR or READ of the same path: remember recent answers (misses too).
         self._entry: Callable[[str], Optional[Entry]] = (
@@ -184,7 +185,8 @@ class LowLevelOperations:
                 # later stat there) and sent ~25 more LOOKUPs per folder of 100; waiting here,
                 # a stat of every file costs two lookups per folder.
                 listed.wait(LISTING_WAIT)
-                self._waiting.pop(parent, None)
+                with self._waiting_lock:
+                    del self._waiting[parent]
         elif info is not None and info.is_file:
             # Not one of a run of lookups in one folder (a stat of every file): a random open,
             # whose READ follows at once. The source may start fetching the data now.
@@ -222,13 +224,20 @@ class LowLevelOperations:
         size = sizes.get(path)
         listed = None
         if size is not None:
-            if self.parallel_dirops:
+            if self.parallel_dirops and not self.prefetcher.busy:
                 # The kernel holds ``name`` as "being looked up" until we answer: the listing
                 # must not name it with a node id, or the kernel would wait for this lookup.
-                listed = threading.Event()
-                self._waiting[parent] = name
-            if not self.prefetcher.request(path, size, listed):
-                self._waiting.pop(parent, None)
+                # One waiting lookup per folder: each must be left out of the listing. Only
+                # when no other listing is under way or queued: with several processes in
+                # several folders (a DataLoader's workers), waiting behind the others' listings
+                # cost more (8 processes in 10 folders: 0.20-0.25 s instead of 0.15 s).
+                with self._waiting_lock:
+                    if parent not in self._waiting:
+                        listed = threading.Event()
+                        self._waiting[parent] = name
+            if not self.prefetcher.request(path, size, listed) and listed is not None:
+                with self._waiting_lock:
+                    del self._waiting[parent]  # ours: set just above
                 listed = None
             # Its parent too, when its lookups came in runs as well (a walk over every file of
             # the tree looks up each folder there between the runs in them).

@@ -514,7 +514,8 @@ class _ListingPrefetcher:
     """Lists the folder at once through ``ops`` (as the kernel would, asked by the prefetcher's
     thread) and tells the waiting lookup it is done."""
 
-    def __init__(self) -> None:
+    def __init__(self, busy: bool) -> None:
+        self.busy = busy  # another listing under way or queued
         self.ops: LowLevelOperations
         self.node = 0
         self.listed: List[Tuple[bytes, int, int, Dict[str, int]]] = []
@@ -532,15 +533,18 @@ class _ListingPrefetcher:
         pass
 
 
-@pytest.mark.parametrize("parallel", [True, False])
-def test_the_lookup_that_hands_a_folder_over_waits_for_its_listing(tmp_path: Path, parallel: bool) -> None:
+@pytest.mark.parametrize(("parallel", "busy"), [(True, False), (False, False), (True, True)])
+def test_the_lookup_that_hands_a_folder_over_waits_for_its_listing(tmp_path: Path, parallel: bool, busy: bool) -> None:
     """With parallel lookups and listings negotiated, the second lookup of a run waits for the
     listing of its folder, and that listing names its entry without a node id (the kernel would
-    wait for the lookup before linking it: a deadlock); every other entry carries its own."""
+    wait for the lookup before linking it: a deadlock); every other entry carries its own. It
+    does not wait when other listings are under way or queued (several processes in several
+    folders), nor without parallel folder operations (the kernel would hold the listing)."""
+    waits = parallel and not busy
     archive = tmp_path / "run.tar"
     archive.write_bytes(tar_bytes({f"a/f{i}": b"a" * i for i in range(6)}))
     with ratarmountcore.open(str(archive)) as source:
-        prefetcher = _ListingPrefetcher()
+        prefetcher = _ListingPrefetcher(busy)
         ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
         ops.init(no_open_supported=True, no_opendir_supported=True)
         ops.parallel_dirops = parallel
@@ -549,10 +553,10 @@ def test_the_lookup_that_hands_a_folder_over_waits_for_its_listing(tmp_path: Pat
         prefetcher.node = a
         lookup(ops, a, b"f0")
         assert lookup(ops, a, b"f1")[1]["size"] == 1
-        assert prefetcher.waited == [parallel]
+        assert prefetcher.waited == [waits]
         nodes = {name: node for name, _offset, node, _attrs in prefetcher.listed}
         assert set(nodes) == {b".", b".."} | {f"f{i}".encode() for i in range(6)}
-        assert (nodes[b"f1"] == 0) is parallel
+        assert (nodes[b"f1"] == 0) is waits
         assert all(node > 0 for name, node in nodes.items() if name not in (b"f1", b".", b".."))
         assert not ops._waiting
         # A listing made later names every entry again.
