@@ -562,3 +562,23 @@ def test_the_lookup_that_hands_a_folder_over_waits_for_its_listing(tmp_path: Pat
         # A listing made later names every entry again.
         again = list_by_node(ops, a, True, 1 << 16)
         assert all(node > 0 for name, _o, node, _a in again if name not in (b".", b".."))
+
+
+def test_a_refused_hand_over_leaves_the_waiting_lookup_alone(tmp_path: Path) -> None:
+    """Another process's run in a folder whose listing a lookup already waits for is refused by
+    the prefetcher; it must not clear that lookup's place in the listing (the kernel would then
+    wait for the lookup, and the lookup for the listing)."""
+    archive = tmp_path / "run.tar"
+    archive.write_bytes(tar_bytes({f"a/f{i}": b"a" for i in range(6)}))
+    with ratarmountcore.open(str(archive)) as source:
+        prefetcher = _RecordingPrefetcher()
+        prefetcher.request = lambda path, entries, done=None: False  # type: ignore[method-assign]
+        prefetcher.busy = False  # type: ignore[attr-defined]
+        ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
+        ops.init(no_open_supported=True, no_opendir_supported=True)
+        ops.parallel_dirops = True
+        a = lookup(ops, ROOT_ID, b"a")[0]
+        ops._waiting[a] = b"f5"  # a lookup of f5 waits for the listing of a
+        lookup(ops, a, b"f0")
+        lookup(ops, a, b"f1")  # a run: handed over, refused
+        assert ops._waiting == {a: b"f5"}
