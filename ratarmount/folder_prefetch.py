@@ -44,13 +44,7 @@ class FolderPrefetcher:
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._closed = False
-        self._listing = False
         self.listings = 0
-
-    @property
-    def busy(self) -> bool:
-        """Whether a listing is under way or waiting (a new one would wait for them)."""
-        return self._listing or not self._queue.empty()
 
     def request(self, path: str, entries: int, done: Optional[threading.Event] = None) -> bool:
         """A lookup run began in folder ``path`` (of ``entries`` entries): list it unless it is
@@ -75,14 +69,12 @@ class FolderPrefetcher:
             if item is _STOP:
                 return
             path, done = item
-            self._listing = True
             try:
                 os.listdir(self.mountpoint + path)
                 self.listings += 1
             except OSError as exc:
                 logger.debug("could not list %s for the lookups in it: %s", path, exc)
             finally:
-                self._listing = False
                 if done is not None:
                     done.set()
 

@@ -224,15 +224,14 @@ class LowLevelOperations:
         size = sizes.get(path)
         listed = None
         if size is not None:
-            if self.parallel_dirops and not self.prefetcher.busy:
+            if self.parallel_dirops:
                 # The kernel holds ``name`` as "being looked up" until we answer: the listing
                 # must not name it with a node id, or the kernel would wait for this lookup.
-                # One waiting lookup per folder: each must be left out of the listing. Only
-                # when no other listing is under way or queued: with several processes in
-                # several folders (a DataLoader's workers), waiting behind the others' listings
-                # cost more (8 processes in 10 folders: 0.20-0.25 s instead of 0.15 s).
+                # One waiting lookup at a time: with several processes in several folders (a
+                # DataLoader's workers), lookups waiting behind each other's listings in the
+                # one prefetcher thread cost more than they saved.
                 with self._waiting_lock:
-                    if parent not in self._waiting:
+                    if not self._waiting:
                         listed = threading.Event()
                         self._waiting[parent] = name
             if not self.prefetcher.request(path, size, listed) and listed is not None:

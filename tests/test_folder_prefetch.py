@@ -74,11 +74,9 @@ def test_remembered_folders_are_bounded(tmp_path: Path, monkeypatch: pytest.Monk
     prefetcher.close()
 
 
-def test_a_listing_tells_who_waits_for_it_and_is_busy_meanwhile(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``done`` is set once the folder was listed, or failed to be; ``busy`` holds while a
-    listing is under way or queued; a folder listed already is refused (nobody may wait)."""
+def test_a_listing_tells_who_waits_for_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``done`` is set once the folder was listed, or failed to be; a folder listed already is
+    refused (nobody may wait for it)."""
     import threading
 
     release = threading.Event()
@@ -91,14 +89,12 @@ def test_a_listing_tells_who_waits_for_it_and_is_busy_meanwhile(
     monkeypatch.setattr(folder_prefetch.os, "listdir", slow_listdir)
     (tmp_path / "a").mkdir()
     prefetcher = FolderPrefetcher(str(tmp_path))
-    assert not prefetcher.busy
     done, failed = threading.Event(), threading.Event()
     assert prefetcher.request("/a", 5, done)
     assert prefetcher.request("/missing", 5, failed)
-    assert prefetcher.busy and not done.is_set()
+    assert not done.is_set()
     release.set()
     assert done.wait(10) and failed.wait(10)
-    wait_for(lambda: not prefetcher.busy)
-    assert prefetcher.listings == 1
+    wait_for(lambda: prefetcher.listings == 1)
     assert not prefetcher.request("/a", 5, threading.Event())
     prefetcher.close()

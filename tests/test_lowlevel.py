@@ -514,8 +514,7 @@ class _ListingPrefetcher:
     """Lists the folder at once through ``ops`` (as the kernel would, asked by the prefetcher's
     thread) and tells the waiting lookup it is done."""
 
-    def __init__(self, busy: bool) -> None:
-        self.busy = busy  # another listing under way or queued
+    def __init__(self) -> None:
         self.ops: LowLevelOperations
         self.node = 0
         self.listed: List[Tuple[bytes, int, int, Dict[str, int]]] = []
@@ -533,27 +532,33 @@ class _ListingPrefetcher:
         pass
 
 
-@pytest.mark.parametrize(("parallel", "busy"), [(True, False), (False, False), (True, True)])
-def test_the_lookup_that_hands_a_folder_over_waits_for_its_listing(tmp_path: Path, parallel: bool, busy: bool) -> None:
+@pytest.mark.parametrize(("parallel", "other_waits"), [(True, False), (False, False), (True, True)])
+def test_the_lookup_that_hands_a_folder_over_waits_for_its_listing(
+    tmp_path: Path, parallel: bool, other_waits: bool
+) -> None:
     """With parallel lookups and listings negotiated, the second lookup of a run waits for the
     listing of its folder, and that listing names its entry without a node id (the kernel would
     wait for the lookup before linking it: a deadlock); every other entry carries its own. It
-    does not wait when other listings are under way or queued (several processes in several
-    folders), nor without parallel folder operations (the kernel would hold the listing)."""
-    waits = parallel and not busy
+    does not wait while another lookup waits (several processes in several folders would wait
+    behind each other's listings), nor without parallel folder operations (the kernel would
+    hold the listing)."""
+    waits = parallel and not other_waits
     archive = tmp_path / "run.tar"
     archive.write_bytes(tar_bytes({f"a/f{i}": b"a" * i for i in range(6)}))
     with ratarmountcore.open(str(archive)) as source:
-        prefetcher = _ListingPrefetcher(busy)
+        prefetcher = _ListingPrefetcher()
         ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
         ops.init(no_open_supported=True, no_opendir_supported=True)
         ops.parallel_dirops = parallel
         prefetcher.ops = ops
         a = lookup(ops, ROOT_ID, b"a")[0]
         prefetcher.node = a
+        if other_waits:
+            ops._waiting[ROOT_ID] = b"elsewhere"
         lookup(ops, a, b"f0")
         assert lookup(ops, a, b"f1")[1]["size"] == 1
         assert prefetcher.waited == [waits]
+        ops._waiting.pop(ROOT_ID, None)
         nodes = {name: node for name, _offset, node, _attrs in prefetcher.listed}
         assert set(nodes) == {b".", b".."} | {f"f{i}".encode() for i in range(6)}
         assert (nodes[b"f1"] == 0) is waits
@@ -573,7 +578,6 @@ def test_a_refused_hand_over_leaves_the_waiting_lookup_alone(tmp_path: Path) -> 
     with ratarmountcore.open(str(archive)) as source:
         prefetcher = _RecordingPrefetcher()
         prefetcher.request = lambda path, entries, done=None: False  # type: ignore[method-assign]
-        prefetcher.busy = False  # type: ignore[attr-defined]
         ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
         ops.init(no_open_supported=True, no_opendir_supported=True)
         ops.parallel_dirops = True
@@ -582,3 +586,8 @@ def test_a_refused_hand_over_leaves_the_waiting_lookup_alone(tmp_path: Path) -> 
         lookup(ops, a, b"f0")
         lookup(ops, a, b"f1")  # a run: handed over, refused
         assert ops._waiting == {a: b"f5"}
+        del ops._waiting[a]  # (no other waits: this one would, but the hand-over is refused)
+        ops._handed_over = 0
+        lookup(ops, a, b"f2")
+        lookup(ops, a, b"f3")
+        assert ops._waiting == {}
