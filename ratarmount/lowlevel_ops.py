@@ -393,6 +393,8 @@ class LowLevelOperations:
                 # (node id 0: the kernel links nothing for the entry a lookup waits on)
                 given = 0 if raw == waiting else entry_node
                 listing.append((raw, "", info, plus(given, info, timeout, offset, raw, entry_node)))
+            elif raw == waiting:  # not named by the table when served either
+                listing.append((raw, prefix + name, info, plus(0, info, timeout, offset, raw, info.ino or UNKNOWN_INO)))
             else:
                 listing.append((raw, prefix + name, info, b""))
         return listing

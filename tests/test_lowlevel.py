@@ -16,7 +16,7 @@ import pytest
 from conftest import Mounter, tar_bytes
 
 import ratarmountcore
-from ratarmount.inodes import ROOT_ID
+from ratarmount.inodes import ROOT_ID, StaleNodeError
 from ratarmount.lowlevel_ops import STABLE_LIMIT, TIMEOUT, LowLevelOperations
 
 ATTR = struct.Struct("=QQQqqqIIIIIIIIII")
@@ -591,3 +591,28 @@ def test_a_refused_hand_over_leaves_the_waiting_lookup_alone(tmp_path: Path) -> 
         lookup(ops, a, b"f2")
         lookup(ops, a, b"f3")
         assert ops._waiting == {}
+
+
+def test_an_entry_named_by_the_table_is_left_out_for_its_waiting_lookup_too(tmp_path: Path) -> None:
+    """Entries without an inode number of their own get node ids from the table when a page is
+    served; the one a lookup waits on must get none either (and no reference counted)."""
+    archive = tmp_path / "run.tar"
+    archive.write_bytes(tar_bytes({f"a/f{i}": b"a" * i for i in range(6)}))
+    with ratarmountcore.open(str(archive)) as source:
+        prefetcher = _ListingPrefetcher()
+        ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
+        ops.init(no_open_supported=True, no_opendir_supported=True)
+        ops.parallel_dirops = True
+        prefetcher.ops = ops
+        own = ops._own_node
+        ops._own_node = lambda info: 0 if info.size == 1 else own(info)  # type: ignore[method-assign]
+        a = lookup(ops, ROOT_ID, b"a")[0]
+        prefetcher.node = a
+        lookup(ops, a, b"f0")
+        f1 = lookup(ops, a, b"f1")[0]  # named by the table, counted once
+        assert f1 >= ops.nodes.first and prefetcher.waited == [True]
+        nodes = {name: node for name, _offset, node, _attrs in prefetcher.listed}
+        assert nodes[b"f1"] == 0 and nodes[b"f2"] > 0
+        ops.forget(f1, 1)  # the one count the lookup gave: gone from the table
+        with pytest.raises(StaleNodeError):
+            ops.nodes.path(f1)
