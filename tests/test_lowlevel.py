@@ -532,6 +532,21 @@ class _ListingPrefetcher:
         pass
 
 
+def _run_folder(tmp_path: Path) -> ratarmountcore.MountSource:
+    archive = tmp_path / "run.tar"
+    archive.write_bytes(tar_bytes({f"a/f{i}": b"a" * i for i in range(6)}))
+    return ratarmountcore.open(str(archive))
+
+
+def _listing_ops(source: ratarmountcore.MountSource, parallel: bool) -> Tuple[LowLevelOperations, _ListingPrefetcher]:
+    prefetcher = _ListingPrefetcher()
+    ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
+    ops.init(no_open_supported=True, no_opendir_supported=True)
+    ops.parallel_dirops = parallel
+    prefetcher.ops = ops
+    return ops, prefetcher
+
+
 @pytest.mark.parametrize(("parallel", "other_waits"), [(True, False), (False, False), (True, True)])
 def test_the_lookup_that_hands_a_folder_over_waits_for_its_listing(
     tmp_path: Path, parallel: bool, other_waits: bool
@@ -543,14 +558,8 @@ def test_the_lookup_that_hands_a_folder_over_waits_for_its_listing(
     behind each other's listings), nor without parallel folder operations (the kernel would
     hold the listing)."""
     waits = parallel and not other_waits
-    archive = tmp_path / "run.tar"
-    archive.write_bytes(tar_bytes({f"a/f{i}": b"a" * i for i in range(6)}))
-    with ratarmountcore.open(str(archive)) as source:
-        prefetcher = _ListingPrefetcher()
-        ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
-        ops.init(no_open_supported=True, no_opendir_supported=True)
-        ops.parallel_dirops = parallel
-        prefetcher.ops = ops
+    with _run_folder(tmp_path) as source:
+        ops, prefetcher = _listing_ops(source, parallel)
         a = lookup(ops, ROOT_ID, b"a")[0]
         prefetcher.node = a
         if other_waits:
@@ -596,14 +605,8 @@ def test_a_refused_hand_over_leaves_the_waiting_lookup_alone(tmp_path: Path) -> 
 def test_an_entry_named_by_the_table_is_left_out_for_its_waiting_lookup_too(tmp_path: Path) -> None:
     """Entries without an inode number of their own get node ids from the table when a page is
     served; the one a lookup waits on must get none either (and no reference counted)."""
-    archive = tmp_path / "run.tar"
-    archive.write_bytes(tar_bytes({f"a/f{i}": b"a" * i for i in range(6)}))
-    with ratarmountcore.open(str(archive)) as source:
-        prefetcher = _ListingPrefetcher()
-        ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
-        ops.init(no_open_supported=True, no_opendir_supported=True)
-        ops.parallel_dirops = True
-        prefetcher.ops = ops
+    with _run_folder(tmp_path) as source:
+        ops, prefetcher = _listing_ops(source, True)
         own = ops._own_node
         ops._own_node = lambda info: 0 if info.size == 1 else own(info)  # type: ignore[method-assign]
         a = lookup(ops, ROOT_ID, b"a")[0]
