@@ -267,6 +267,8 @@ class LowLevelFuse:
                 info = conn.contents
                 capable = info.capable
                 info.want = wanted_capabilities(info.want, capable, ops.source.is_immutable)
+                if parallel_dirops.libfuse_passes_it(library_version() or ""):
+                    ops.parallel_dirops = bool(capable & info.want & parallel_dirops.FUSE_CAP_PARALLEL_DIROPS)
                 ops.init(bool(capable & FUSE_CAP_NO_OPEN_SUPPORT), bool(capable & FUSE_CAP_NO_OPENDIR_SUPPORT))
             except BaseException as exc:  # noqa: BLE001 - never let an exception cross into C
                 logger.error("init failed: %s", exc)
@@ -409,7 +411,8 @@ class LowLevelFuse:
                 if lib.fuse_session_mount(session, os.fsencode(mountpoint)) != 0:
                     raise RatarmountError(f"cannot mount at {mountpoint} (see the message above)")
                 try:
-                    self.ops.parallel_dirops = parallel_dirops.negotiate(lib, session)
+                    if not parallel_dirops.libfuse_passes_it(library_version() or ""):
+                        self.ops.parallel_dirops = parallel_dirops.negotiate(lib, session)
                     config = lib.fuse_loop_cfg_create()
                     try:
                         lib.fuse_loop_cfg_set_max_threads(config, self.max_threads)

@@ -11,6 +11,8 @@ So the low-level front-end lets libfuse answer FUSE_INIT as usual, into a socket
 ``/dev/fuse`` for that one message, sets the bit in the answer when the kernel offered it, and
 writes the answer to the device itself. Everything else (libfuse's own state, the init callback)
 is untouched, and nothing in our daemon relies on the kernel serializing folder operations.
+With libfuse 3.17 and later nothing is patched: the init callback reads whether the kernel
+offered the capability (libfuse then asks for it by default).
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 FUSE_INIT = 26
+#: The first libfuse release that passes the capability on itself (``want_ext`` rework).
+LIBFUSE_PASSES_IT = (3, 17)
+#: libfuse's capability bit for it (``fuse_common.h``).
+FUSE_CAP_PARALLEL_DIROPS = 1 << 18
 #: ``flags`` bit of ``fuse_init_in`` / ``fuse_init_out``.
 FUSE_PARALLEL_DIROPS = 1 << 18
 #: ``struct fuse_in_header``: len, opcode, unique, nodeid, uid, gid, pid, padding.
@@ -44,7 +50,17 @@ class _FuseBuf(ctypes.Structure):
         ("mem", ctypes.c_void_p),
         ("fd", ctypes.c_int),
         ("pos", ctypes.c_long),
+        ("mem_size", ctypes.c_size_t),  # (later releases; ignored by 3.14)
     ]
+
+
+def libfuse_passes_it(version: str) -> bool:
+    """Whether libfuse ``version`` ("3.14.0") copies the capability into its answer itself."""
+    try:
+        numbers = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return False
+    return numbers >= LIBFUSE_PASSES_IT
 
 
 def patch_init_reply(request: bytes, reply: bytes) -> bytes:
@@ -79,7 +95,7 @@ def negotiate(lib: Any, session: int) -> bool:
         os.dup2(libfuses.fileno(), fd)  # libfuse writes its answer to the fd number it holds
         try:
             memory = ctypes.create_string_buffer(request, len(request))
-            buffer = _FuseBuf(len(request), 0, ctypes.cast(memory, ctypes.c_void_p), -1, 0)
+            buffer = _FuseBuf(len(request), 0, ctypes.cast(memory, ctypes.c_void_p), -1, 0, len(request))
             lib.fuse_session_process_buf(session, ctypes.byref(buffer))
             ours.setblocking(False)
             try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 
-from ratarmount.parallel_dirops import FUSE_INIT, FUSE_PARALLEL_DIROPS, init_flags, patch_init_reply
+from ratarmount.parallel_dirops import FUSE_INIT, FUSE_PARALLEL_DIROPS, init_flags, libfuse_passes_it, patch_init_reply
 
 IN_HEADER = struct.Struct("=IIQQIIII")
 OUT_HEADER = struct.Struct("=IiQ")
@@ -47,3 +47,9 @@ def test_answers_left_alone() -> None:
     assert patch_init_reply(init_request(OFFERED), reply[:20]) == reply[:20]
     already = init_reply(LIBFUSE_3_14 | FUSE_PARALLEL_DIROPS)  # libfuse 3.17 and later
     assert patch_init_reply(init_request(OFFERED), already) == already
+
+
+def test_only_releases_that_leave_it_out_get_the_answer_patched() -> None:
+    assert not libfuse_passes_it("3.14.0") and not libfuse_passes_it("3.16.2")
+    assert libfuse_passes_it("3.17.1") and libfuse_passes_it("3.18.0") and libfuse_passes_it("4.0")
+    assert not libfuse_passes_it("") and not libfuse_passes_it("unknown")
