@@ -269,6 +269,7 @@ class LowLevelFuse:
                 info.want = wanted_capabilities(info.want, capable, ops.source.is_immutable)
                 if parallel_dirops.libfuse_passes_it(library_version() or ""):
                     ops.parallel_dirops = bool(capable & info.want & parallel_dirops.FUSE_CAP_PARALLEL_DIROPS)
+                    parallel_dirops.log_outcome(ops.parallel_dirops)
                 ops.init(bool(capable & FUSE_CAP_NO_OPEN_SUPPORT), bool(capable & FUSE_CAP_NO_OPENDIR_SUPPORT))
             except BaseException as exc:  # noqa: BLE001 - never let an exception cross into C
                 logger.error("init failed: %s", exc)

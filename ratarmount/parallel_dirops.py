@@ -113,8 +113,12 @@ def negotiate(lib: Any, session: int) -> bool:
     patched = patch_init_reply(request, reply)
     os.write(fd, patched)
     enabled = init_flags(patched) & FUSE_PARALLEL_DIROPS != 0
-    logger.debug("FUSE_INIT answered; lookups and listings within a folder in parallel: %s", enabled)
+    log_outcome(enabled)
     return enabled
+
+
+def log_outcome(enabled: bool) -> None:
+    logger.debug("FUSE_INIT answered; lookups and listings within a folder in parallel: %s", enabled)
 
 
 def init_flags(reply: bytes) -> int:
