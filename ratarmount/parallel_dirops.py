@@ -83,12 +83,13 @@ def negotiate(lib: Any, session: int) -> bool:
     """Answer the kernel's FUSE_INIT for ``session`` (mounted, its loop not started yet) through
     libfuse, with FUSE_PARALLEL_DIROPS set (see the module docstring); whether it is set."""
     fd = lib.fuse_session_fd(session)
-    request = b""
-    while not request:
-        try:
-            request = os.read(fd, _REQUEST_BUFFER)
-        except InterruptedError:
-            continue
+    try:
+        request = os.read(fd, _REQUEST_BUFFER)
+    except OSError as exc:  # the connection ended before it began: libfuse's loop will see it too
+        logger.debug("no FUSE_INIT to answer: %s", exc)
+        return False
+    if not request:
+        return False
     saved = os.dup(fd)
     ours, libfuses = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
