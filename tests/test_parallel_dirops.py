@@ -53,3 +53,40 @@ def test_only_releases_that_leave_it_out_get_the_answer_patched() -> None:
     assert not libfuse_passes_it("3.14.0") and not libfuse_passes_it("3.16.2")
     assert libfuse_passes_it("3.17.1") and libfuse_passes_it("3.18.0") and libfuse_passes_it("4.0")
     assert not libfuse_passes_it("") and not libfuse_passes_it("unknown")
+
+
+def test_the_answer_goes_through_libfuse_and_out_patched() -> None:
+    """``negotiate`` with a socket as the device: the kernel's INIT is handed to libfuse (a
+    stand-in that answers on the descriptor number the session holds, as libfuse does), and the
+    device receives that answer with the bit set; the session's descriptor is the device again."""
+    import ctypes
+    import os
+    import socket
+
+    from ratarmount.parallel_dirops import negotiate
+
+    kernel, device = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    fd = device.fileno()
+    request = init_request(OFFERED)
+    kernel.send(request)
+    seen = []
+
+    class FakeLibfuse:
+        def fuse_session_fd(self, session: int) -> int:
+            return fd
+
+        def fuse_session_process_buf(self, session: int, buffer: object) -> None:
+            raw = ctypes.cast(buffer, ctypes.POINTER(ctypes.c_size_t * 3)).contents
+            seen.append(ctypes.string_at(raw[2], raw[0]))
+            os.write(fd, init_reply(LIBFUSE_3_14))  # libfuse writes to the fd number it holds
+
+    try:
+        assert negotiate(FakeLibfuse(), 1)
+        assert seen == [request]
+        answer = kernel.recv(4096)
+        assert init_flags(answer) == LIBFUSE_3_14 | FUSE_PARALLEL_DIROPS
+        os.write(fd, b"later")  # the descriptor is the device again
+        assert kernel.recv(4096) == b"later"
+    finally:
+        kernel.close()
+        device.close()
