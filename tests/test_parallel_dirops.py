@@ -90,3 +90,12 @@ def test_the_answer_goes_through_libfuse_and_out_patched() -> None:
     finally:
         kernel.close()
         device.close()
+
+
+def test_symlinks_are_cached_only_on_immutable_mounts() -> None:
+    from ratarmount.capabilities import FUSE_CAP_CACHE_SYMLINKS, FUSE_CAP_READDIRPLUS_AUTO, wanted_capabilities
+
+    default = FUSE_CAP_READDIRPLUS_AUTO | 1
+    assert wanted_capabilities(default, ~0, immutable=True) == 1 | FUSE_CAP_CACHE_SYMLINKS
+    assert wanted_capabilities(default, ~0, immutable=False) == 1
+    assert wanted_capabilities(default, ~FUSE_CAP_CACHE_SYMLINKS, immutable=True) == 1  # not offered
