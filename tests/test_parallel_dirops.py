@@ -1,5 +1,6 @@
-"""The answer to FUSE_INIT gets FUSE_PARALLEL_DIROPS when the kernel offers it (libfuse up to
-3.16 leaves it out); nothing else in the answer changes."""
+"""What the mount asks of the kernel at FUSE_INIT: the answer gets FUSE_PARALLEL_DIROPS when the
+kernel offers it (libfuse up to 3.16 leaves it out; nothing else in the answer changes), and
+symlink targets are cached on immutable mounts."""
 
 from __future__ import annotations
 
