@@ -838,6 +838,41 @@ def measure_reads(root: str, ds: Dataset, indices: List[int], timeout: float) ->
     return seconds
 
 
+#: What the forked readers of ``measure_parallel_reads`` read (set before the pool forks).
+_PARALLEL: Dict[str, Any] = {}
+
+
+def _parallel_reader(indices: List[int]) -> Tuple[float, List[int]]:
+    """One reader process: its files in turn; when it finished, and which files came back wrong
+    (checked after the clock stopped)."""
+    root, ds = _PARALLEL["root"], _PARALLEL["ds"]
+    data = []
+    for i in indices:
+        with open(os.path.join(root, ds.paths[i]), "rb") as f:
+            data.append(f.read())
+    finished = time.perf_counter()  # CLOCK_MONOTONIC: comparable across processes
+    return finished, [i for i, got in zip(indices, data) if got != ds.content(i)]
+
+
+def measure_parallel_reads(root: str, ds: Dataset, indices: List[int], workers: int, timeout: float) -> float:
+    """``workers`` processes (a DataLoader's) read their share of ``indices`` at the same time;
+    the time from the start until the last one is done (the processes are forked beforehand)."""
+    import multiprocessing
+
+    _PARALLEL.update(root=root, ds=ds)
+    shares = [indices[k::workers] for k in range(workers)]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        pool.map(abs, range(workers))  # the workers exist and have run once
+        start = time.perf_counter()
+        pending = pool.map_async(_parallel_reader, shares)
+        results = pending.get(timeout)
+    seconds = max(finished for finished, _ in results) - start
+    wrong = [i for _, bad in results for i in bad]
+    if wrong:
+        raise InvalidResultError(f"read of {ds.paths[wrong[0]]} by parallel readers returned wrong bytes")
+    return seconds
+
+
 @dataclass
 class ToolResult:
     tool: str
@@ -850,6 +885,7 @@ class ToolResult:
     stat_after_find_s: Optional[float] = None
     stat_no_find_s: Optional[float] = None
     random_reads_s: Optional[float] = None
+    parallel_reads_s: Optional[float] = None
     peak_rss_kib: Optional[int] = None
     rss_at_end_kib: Optional[int] = None
     first_mount_peak_rss_kib: Optional[int] = None
@@ -926,6 +962,7 @@ def bench_tool(tool: Tool, ds: Dataset, args: argparse.Namespace) -> ToolResult:
     result.prep_s = tool.prep_seconds or None
     timeout = args.phase_timeout
     indices = random_sample(ds, args.random_reads)
+    parallel = random.Random(ds.seed + 2).sample(range(ds.files), min(args.parallel_reads, ds.files))
     log(f"{tool.name}: start")
 
     quiet = args.quiet_wait
@@ -941,9 +978,16 @@ def bench_tool(tool: Tool, ds: Dataset, args: argparse.Namespace) -> ToolResult:
         wait_for_quiet(f"{name} random reads", quiet)
         drop_caches(3)
         run_phase(result, "random_reads_s", "random reads", None, measure_reads, tool.root, ds, indices, timeout)
+        if args.parallel_readers:
+            wait_for_quiet(f"{name} parallel reads", quiet)
+            drop_caches(3)
+            run_phase(
+                result, "parallel_reads_s", "parallel reads", None,
+                measure_parallel_reads, tool.root, ds, parallel, args.parallel_readers, timeout,
+            )  # fmt: skip
         log(
             f"  find {result.find_s}, stat {result.stat_after_find_s} / {result.stat_no_find_s}, "
-            f"reads {result.random_reads_s}"
+            f"reads {result.random_reads_s}, parallel reads {result.parallel_reads_s}"
         )
         return result
 
@@ -1029,6 +1073,22 @@ def bench_tool(tool: Tool, ds: Dataset, args: argparse.Namespace) -> ToolResult:
             result.peak_rss_kib = max(result.peak_rss_kib or 0, guard.max_kib)
         session_end()
         guard = None
+
+        # 5. A fresh mount, cold page cache: several processes read random files at once (a
+        # DataLoader's workers). Not in the peak RSS: that figure stays the single reader's.
+        if args.parallel_readers:
+            wait_for_quiet(f"{name} parallel reads", quiet)
+            mounted = tool.mount(args.mount_timeout)
+            guard = RssGuard(mounted.pid, limit)
+            guard.start()
+            drop_caches(3)
+            run_phase(
+                result, "parallel_reads_s", "parallel reads", guard,
+                measure_parallel_reads, tool.root, ds, parallel, args.parallel_readers, timeout,
+            )  # fmt: skip
+            log(f"  parallel reads {result.parallel_reads_s}")
+            session_end()
+            guard = None
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
         result.complete = False
         result.errors.append(str(exc))
@@ -1212,6 +1272,7 @@ ROWS = [
     ("stat_after_find_s", "stat all files after find (s)"),
     ("stat_no_find_s", "stat all files, fresh mount (s)"),
     ("random_reads_s", "1,000 random reads, cold cache (s)"),
+    ("parallel_reads_s", "4,000 random reads by 8 processes, cold cache (s)"),
     ("peak_rss_kib", "peak RSS of the mount process"),
     ("first_mount_peak_rss_kib", "peak RSS during first mount"),
     ("daemon_cpu_s", "daemon CPU s during find+stat+reads"),
@@ -1528,6 +1589,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     p.add_argument("--random-reads", type=int, default=1000, help="random files to read (default 1000)")
     p.add_argument(
+        "--parallel-readers",
+        type=int,
+        default=8,
+        help="processes reading random files at once, as a DataLoader's workers do (default 8; 0: skip)",
+    )
+    p.add_argument("--parallel-reads", type=int, default=4000, help="files they read in all (default 4000)")
+    p.add_argument(
         "--tools", default="ours,peer,dir", help=f"comma-separated, from {','.join(ALL_TOOLS)} (default ours,peer,dir)"
     )
     p.add_argument("--seed", type=int, default=20240601)
@@ -1642,6 +1710,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results["config"] = {
             **ds.params(),
             "random_reads": args.random_reads,
+            "parallel_readers": args.parallel_readers,
+            "parallel_reads": args.parallel_reads,
             "tools": args.tools,
             "mount_repeats": args.mount_repeats,
             "tar_bytes": os.path.getsize(ds.tar_path),
