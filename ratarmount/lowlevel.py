@@ -145,10 +145,16 @@ def _load_library() -> Any:
     lib.fuse_session_destroy.argtypes = [ctypes.c_void_p]
     lib.fuse_set_signal_handlers.argtypes = [ctypes.c_void_p]
     lib.fuse_remove_signal_handlers.argtypes = [ctypes.c_void_p]
-    lib.fuse_reply_buf.argtypes = [fuse_req_t, ctypes.c_void_p, ctypes.c_size_t]
-    lib.fuse_reply_err.argtypes = [fuse_req_t, ctypes.c_int]
-    lib.fuse_reply_none.argtypes = [fuse_req_t]
-    lib.fuse_reply_none.restype = None
+    # Replies keep the GIL (``PyDLL``): a reply is one short write to /dev/fuse, and releasing
+    # and taking the GIL back around it made busy workers hand it to each other twice more per
+    # request (see ``docs/design.md``, "Threading model").
+    replies = ctypes.PyDLL(lib._name, handle=lib._handle)
+    replies.fuse_reply_buf.argtypes = [fuse_req_t, ctypes.c_void_p, ctypes.c_size_t]
+    replies.fuse_reply_err.argtypes = [fuse_req_t, ctypes.c_int]
+    replies.fuse_reply_none.argtypes = [fuse_req_t]
+    replies.fuse_reply_none.restype = None
+    for function in ("fuse_reply_buf", "fuse_reply_err", "fuse_reply_none"):
+        setattr(lib, function, getattr(replies, function))
     lib.fuse_loop_cfg_create.restype = ctypes.c_void_p
     lib.fuse_loop_cfg_destroy.argtypes = [ctypes.c_void_p]
     lib.fuse_loop_cfg_set_max_threads.argtypes = [ctypes.c_void_p, ctypes.c_uint]
