@@ -26,7 +26,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 from ratarmountcore.errors import RatarmountError
 
 from . import parallel_dirops
-from .capabilities import FUSE_CAP_NO_OPEN_SUPPORT, FUSE_CAP_NO_OPENDIR_SUPPORT, wanted_capabilities
+from .capabilities import (
+    FUSE_CAP_NO_OPEN_SUPPORT,
+    FUSE_CAP_NO_OPENDIR_SUPPORT,
+    FUSE_CAP_PARALLEL_DIROPS,
+    wanted_capabilities,
+)
 from .errnos import errno_of
 from .lowlevel_ops import LowLevelOperations
 
@@ -225,6 +230,9 @@ class LowLevelFuse:
         self.lib = lib
         self.ops = operations
         self.max_threads = max_threads
+        #: Whether libfuse asks for parallel folder operations itself (else ``serve`` patches
+        #: its answer to FUSE_INIT, see ``parallel_dirops.py``).
+        self._libfuse_asks_parallel_dirops = parallel_dirops.libfuse_passes_it(library_version() or "")
         self.idle_threads = idle_threads
         self._pinned: Set[int] = set()
         self._local = threading.local()
@@ -273,8 +281,8 @@ class LowLevelFuse:
                 info = conn.contents
                 capable = info.capable
                 info.want = wanted_capabilities(info.want, capable, ops.source.is_immutable)
-                if parallel_dirops.libfuse_passes_it(library_version() or ""):
-                    ops.parallel_dirops = bool(capable & info.want & parallel_dirops.FUSE_CAP_PARALLEL_DIROPS)
+                if self._libfuse_asks_parallel_dirops:
+                    ops.parallel_dirops = bool(capable & info.want & FUSE_CAP_PARALLEL_DIROPS)
                     parallel_dirops.log_outcome(ops.parallel_dirops)
                 ops.init(bool(capable & FUSE_CAP_NO_OPEN_SUPPORT), bool(capable & FUSE_CAP_NO_OPENDIR_SUPPORT))
             except BaseException as exc:  # noqa: BLE001 - never let an exception cross into C
@@ -418,7 +426,7 @@ class LowLevelFuse:
                 if lib.fuse_session_mount(session, os.fsencode(mountpoint)) != 0:
                     raise RatarmountError(f"cannot mount at {mountpoint} (see the message above)")
                 try:
-                    if not parallel_dirops.libfuse_passes_it(library_version() or ""):
+                    if not self._libfuse_asks_parallel_dirops:
                         self.ops.parallel_dirops = parallel_dirops.negotiate(lib, session)
                     config = lib.fuse_loop_cfg_create()
                     try:

@@ -29,8 +29,6 @@ logger = logging.getLogger(__name__)
 FUSE_INIT = 26
 #: The first libfuse release that passes the capability on itself (``want_ext`` rework).
 LIBFUSE_PASSES_IT = (3, 17)
-#: libfuse's capability bit for it (``fuse_common.h``).
-FUSE_CAP_PARALLEL_DIROPS = 1 << 18
 #: ``flags`` bit of ``fuse_init_in`` / ``fuse_init_out``.
 FUSE_PARALLEL_DIROPS = 1 << 18
 #: ``struct fuse_in_header``: len, opcode, unique, nodeid, uid, gid, pid, padding.
