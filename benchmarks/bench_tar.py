@@ -865,7 +865,11 @@ def measure_parallel_reads(root: str, ds: Dataset, indices: List[int], workers: 
         pool.map(abs, range(workers))  # the workers exist and have run once
         start = time.perf_counter()
         pending = pool.map_async(_parallel_reader, shares)
-        results = pending.get(timeout)
+        try:
+            results = pending.get(timeout)
+        except multiprocessing.TimeoutError:
+            # A partial figure, not the end of the run; the pool's exit kills the readers.
+            raise PhaseTimeoutError(None, len(indices), time.perf_counter() - start) from None
     seconds = max(finished for finished, _ in results) - start
     wrong = [i for _, bad in results for i in bad]
     if wrong:

@@ -15,6 +15,8 @@ from ratarmountcore import __version__
 from ratarmountcore.errors import RatarmountError
 from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
 
+from .workers import loop_threads
+
 logger = logging.getLogger("ratarmount")
 
 
@@ -177,6 +179,8 @@ def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     )
     if args.read_ahead < 0:
         parser.error("--read-ahead must be 0 or more KiB")
+    fuse_options = parse_fuse_options(args.fuse)
+    loop_threads(fuse_options)  # a bad -o max_threads= fails before the archive is opened
     return MountOptions(
         # Absolute: libfuse changes the working directory to "/" once it runs.
         sources=[os.path.abspath(p) for p in args.paths[:-1]],
@@ -184,7 +188,7 @@ def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         open_options=OpenOptions(index=index, compression=compression, recursive=args.recursive),
         foreground=args.foreground,
         debug=args.debug,
-        fuse_options=parse_fuse_options(args.fuse),
+        fuse_options=fuse_options,
         read_ahead_kib=args.read_ahead,
         fuse_api=args.fuse_api,
         create_mountpoint=create,

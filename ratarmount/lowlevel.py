@@ -34,6 +34,7 @@ from .capabilities import (
 )
 from .errnos import errno_of
 from .lowlevel_ops import LowLevelOperations
+from .workers import LOOP_OPTIONS
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +62,6 @@ OTHER_HIGH_LEVEL_OPTIONS = frozenset(
         "modules",
         "remember",
         "noforget",
-        "max_threads",
-        "max_idle_threads",
     }
 )
 
@@ -212,6 +211,8 @@ def session_arguments(fuse_options: Dict[str, Any], fsname: str, debug: bool) ->
         if key in IMPLEMENTED_HIGH_LEVEL_OPTIONS:
             logger.debug("-o %s: implied by the low-level front-end", key)
             continue
+        if key in LOOP_OPTIONS:
+            continue  # see loop_threads
         options[key] = value
     text = ",".join(key if value is True else f"{key}={value}" for key, value in options.items() if value is not False)
     arguments = [b"ratarmount", b"-o", os.fsencode(text)]  # values may hold names that are not UTF-8
@@ -223,13 +224,15 @@ def session_arguments(fuse_options: Dict[str, Any], fsname: str, debug: bool) ->
 class LowLevelFuse:
     """Mount ``operations`` at ``mountpoint`` and serve until unmounted or signalled."""
 
-    def __init__(self, operations: LowLevelOperations, max_threads: int = 32, idle_threads: int = 16) -> None:
+    def __init__(self, operations: LowLevelOperations, max_threads: int = 2, idle_threads: int = 2) -> None:
         lib = library()
         if lib is None:
             raise RatarmountError(f"libfuse 3 cannot be used: {_LOAD_ERROR}")
         self.lib = lib
         self.ops = operations
         self.max_threads = max_threads
+        # A lookup that waits for a listing needs another worker to serve it (lowlevel_ops).
+        operations.lookups_may_wait = max_threads >= 2
         #: Whether libfuse asks for parallel folder operations itself (else ``serve`` patches
         #: its answer to FUSE_INIT, see ``parallel_dirops.py``).
         self._libfuse_asks_parallel_dirops = parallel_dirops.libfuse_passes_it(library_version() or "")

@@ -98,6 +98,8 @@ class LowLevelOperations:
         #: Whether the kernel lets lookups and listings of one folder run at the same time
         #: (``parallel_dirops.py``); only then may a lookup wait for a listing of its folder.
         self.parallel_dirops = False
+        #: False with a single worker thread: nothing else would serve the listing waited for.
+        self.lookups_may_wait = True
         #: Per folder being listed for a run of lookups: the name whose lookup waits for it.
         self._waiting: Dict[int, bytes] = {}
         self._waiting_lock = threading.Lock()
@@ -224,7 +226,7 @@ class LowLevelOperations:
         size = sizes.get(path)
         listed = None
         if size is not None:
-            if self.parallel_dirops:
+            if self.parallel_dirops and self.lookups_may_wait:
                 # The kernel holds ``name`` as "being looked up" until we answer: the listing
                 # must not name it with a node id, or the kernel would wait for this lookup.
                 # One waiting lookup at a time: with several processes in several folders (a

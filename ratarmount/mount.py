@@ -141,9 +141,11 @@ def run_fuse(
             from .folder_prefetch import FolderPrefetcher
             from .lowlevel import LowLevelFuse, session_arguments
             from .lowlevel_ops import LowLevelOperations
+            from .workers import loop_threads
 
             prefetcher = FolderPrefetcher(os.path.abspath(options.mountpoint))
-            LowLevelFuse(LowLevelOperations(source, ready, prefetcher)).serve(
+            max_threads, idle_threads = loop_threads(options.fuse_options)
+            LowLevelFuse(LowLevelOperations(source, ready, prefetcher), max_threads, idle_threads).serve(
                 options.mountpoint, session_arguments(options.fuse_options, fsname_for(label), options.debug >= 2)
             )
             if not mounted:

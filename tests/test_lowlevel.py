@@ -9,6 +9,7 @@ import os
 import stat
 import struct
 import tarfile
+import time
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -18,6 +19,8 @@ from conftest import Mounter, tar_bytes
 import ratarmountcore
 from ratarmount.inodes import ROOT_ID, StaleNodeError
 from ratarmount.lowlevel_ops import STABLE_LIMIT, TIMEOUT, LowLevelOperations
+from ratarmount.workers import MAX_THREADS_CAP, default_max_threads, loop_threads
+from ratarmountcore.errors import RatarmountError
 
 ATTR = struct.Struct("=QQQqqqIIIIIIIIII")
 ENTRY_HEAD = struct.Struct("=QQQQII")
@@ -278,6 +281,34 @@ def test_high_level_only_options_fall_back(mounter: Mounter, tmp_path: Path) -> 
     mnt = mounter.mount(archive, extra=["-o", "uid=4321"])
     assert os.stat(mnt / "a/one").st_uid == 4321
     mounter.unmount(mnt)
+
+
+@pytest.mark.parametrize("threads", ["1", "2", "5"])
+def test_worker_threads_can_be_chosen(mounter: Mounter, tmp_path: Path, threads: str) -> None:
+    """``-o max_threads=N`` sizes the low-level loop (not a reason to fall back to the
+    high-level API); with a single worker, a stat of every file of a folder (a run of lookups
+    handed to the prefetcher) must not wait for a listing no thread is left to serve."""
+    members = {f"d/f{i:03d}": bytes([i]) * (i + 1) for i in range(200)}
+    archive = tmp_path / "data.tar"
+    archive.write_bytes(tar_bytes(members))
+    mnt = mounter.mount(archive, extra=["-o", f"max_threads={threads},max_idle_threads=1"])
+    assert os.path.ismount(mnt)
+    started = time.monotonic()
+    assert [os.stat(mnt / name).st_size for name in members] == [len(data) for data in members.values()]
+    assert time.monotonic() - started < 5  # a waiting lookup times out after 0.25 s, each
+    assert (mnt / "d/f199").read_bytes() == members["d/f199"]
+    mounter.unmount(mnt)
+
+
+@pytest.mark.parametrize("value", ["0", "many", "-3"])
+def test_bad_thread_counts_are_refused(value: str) -> None:
+    with pytest.raises(RatarmountError, match=f"max_threads={value}"):
+        loop_threads({"max_threads": value})
+    with pytest.raises(RatarmountError, match=f"max_idle_threads={value}"):
+        loop_threads({"max_idle_threads": value})
+    assert loop_threads({}) == (default_max_threads(), default_max_threads())
+    assert loop_threads({"max_threads": "7"}) == (7, 7)
+    assert 2 <= default_max_threads() <= MAX_THREADS_CAP
 
 
 def test_folder_versions_are_pseudo_entries(tmp_path: Path) -> None:
@@ -547,19 +578,23 @@ def _listing_ops(source: ratarmountcore.MountSource, parallel: bool) -> Tuple[Lo
     return ops, prefetcher
 
 
-@pytest.mark.parametrize(("parallel", "other_waits"), [(True, False), (False, False), (True, True)])
+@pytest.mark.parametrize(
+    ("parallel", "other_waits", "one_worker"),
+    [(True, False, False), (False, False, False), (True, True, False), (True, False, True)],
+)
 def test_the_lookup_that_hands_a_folder_over_waits_for_its_listing(
-    tmp_path: Path, parallel: bool, other_waits: bool
+    tmp_path: Path, parallel: bool, other_waits: bool, one_worker: bool
 ) -> None:
     """With parallel lookups and listings negotiated, the second lookup of a run waits for the
     listing of its folder, and that listing names its entry without a node id (the kernel would
     wait for the lookup before linking it: a deadlock); every other entry carries its own. It
     does not wait while another lookup waits (several processes in several folders would wait
     behind each other's listings), nor without parallel folder operations (the kernel would
-    hold the listing)."""
-    waits = parallel and not other_waits
+    hold the listing), nor with a single worker thread (none would be left to serve it)."""
+    waits = parallel and not other_waits and not one_worker
     with _run_folder(tmp_path) as source:
         ops, prefetcher = _listing_ops(source, parallel)
+        ops.lookups_may_wait = not one_worker
         a = lookup(ops, ROOT_ID, b"a")[0]
         prefetcher.node = a
         if other_waits:
