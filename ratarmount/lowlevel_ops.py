@@ -20,7 +20,7 @@ import itertools
 import logging
 import os
 import threading
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ratarmountcore.index.folder_rows import RecentFolders
 from ratarmountcore.sources.base import VERSIONS_SUFFIX, FileInfo, MountSource
@@ -103,6 +103,8 @@ class LowLevelOperations:
         #: Per folder being listed for a run of lookups: the name whose lookup waits for it.
         self._waiting: Dict[int, bytes] = {}
         self._waiting_lock = threading.Lock()
+        #: Worker threads answering a lookup or a read right now (set operations are atomic).
+        self._busy: Set[int] = set()
         self._timeout = TIMEOUT if source.is_immutable else 1
         # LOOKUP, then GETATTR or READ of the same path: remember recent answers (misses too).
         self._entry: Callable[[str], Optional[Entry]] = (
@@ -176,6 +178,14 @@ class LowLevelOperations:
 
     # --- names --------------------------------------------------------------------------------
     def lookup(self, parent: int, name: bytes) -> bytes:
+        me = threading.get_ident()
+        self._busy.add(me)
+        try:
+            return self._answer_lookup(parent, name)
+        finally:
+            self._busy.discard(me)
+
+    def _answer_lookup(self, parent: int, name: bytes) -> bytes:
         reply, info = self._lookup(parent, name)
         in_run = parent == self._last_parent
         self._last_parent = parent
@@ -189,9 +199,12 @@ class LowLevelOperations:
                 listed.wait(LISTING_WAIT)
                 with self._waiting_lock:
                     del self._waiting[parent]
-        elif info is not None and info.is_file:
+        elif info is not None and info.is_file and len(self._busy) == 1:
             # Not one of a run of lookups in one folder (a stat of every file): a random open,
-            # whose READ follows at once. The source may start fetching the data now.
+            # whose READ follows at once. The source may start fetching the data now -- unless
+            # another worker is answering a lookup or read as well: with several readers at
+            # once the disk has reads in flight anyway, and the hint only cost time (8
+            # processes reading 4,000 random files on 2 cores: 0.75 s with it, 0.66 s without).
             self.source.will_read(info)
         return reply
 
@@ -345,9 +358,14 @@ class LowLevelOperations:
         return abi.open_out(self.files.open(info), abi.FOPEN_KEEP_CACHE)
 
     def read(self, node: int, handle: int, offset: int, view: memoryview) -> int:
-        if handle == 0:  # an open the kernel did not tell us about
-            return self.files.read_unopened(self._resolve(node)[1][0], offset, view)
-        return self.files.read(handle, offset, view)
+        me = threading.get_ident()
+        self._busy.add(me)
+        try:
+            if handle == 0:  # an open the kernel did not tell us about
+                return self.files.read_unopened(self._resolve(node)[1][0], offset, view)
+            return self.files.read(handle, offset, view)
+        finally:
+            self._busy.discard(me)
 
     def release(self, handle: int) -> None:
         self.files.release(handle)

@@ -9,6 +9,7 @@ import os
 import stat
 import struct
 import tarfile
+import threading
 import time
 from pathlib import Path
 from typing import Dict, List, Tuple
@@ -539,6 +540,29 @@ def test_random_opens_tell_the_source_what_will_be_read(tmp_path: Path, union: b
         lookup(ops, a, b"missing")
         expected = [archive_source.lookup(p).locator for p in ("/a/f0", "/c/h", "/a/f1")]
         assert hinted == [(locator.offset, 1) for locator in expected]
+
+        # While another worker answers a read (several readers at once), a random open is not
+        # hinted: the disk has work in flight anyway. Alone again, it is.
+        reading, release = threading.Event(), threading.Event()
+        unopened = ops.files.read_unopened
+
+        def slow_read(info: "ratarmountcore.FileInfo", offset: int, view: memoryview) -> int:
+            reading.set()
+            release.wait(10)
+            return unopened(info, offset, view)
+
+        ops.files.read_unopened = slow_read  # type: ignore[method-assign]
+        node_h = lookup(ops, c, b"h")[0]
+        hinted.clear()
+        reader = threading.Thread(target=ops.read, args=(node_h, 0, 0, memoryview(bytearray(4))))
+        reader.start()
+        assert reading.wait(10)
+        lookup(ops, a, b"f0")  # a random open (the last lookup was in c)
+        release.set()
+        reader.join(10)
+        assert hinted == [] and not ops._busy
+        lookup(ops, c, b"h")
+        assert hinted == [(archive_source.lookup("/c/h").locator.offset, 1)]
 
 
 class _ListingPrefetcher:
