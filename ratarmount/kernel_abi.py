@@ -81,7 +81,17 @@ _PLUS_BY_LENGTH: Dict[int, struct.Struct] = {}
 
 
 def direntplus(node: int, info: FileInfo, timeout: int, offset: int, name: bytes, ino: int) -> bytes:
-    """A READDIRPLUS record: the entry with its attributes and node id, padded to 8 bytes.
+    """A READDIRPLUS record: the entry with its attributes and node id, padded to 8 bytes."""
+    return direntplus_of(
+        node, timeout, offset, name, ino, info.mode, info.size, info.mtime_ns, info.uid, info.gid, info.nlink, info.rdev
+    )
+
+
+def direntplus_of(
+    node: int, timeout: int, offset: int, name: bytes, ino: int,
+    mode: int, size: int, mtime_ns: int, uid: int, gid: int, nlink: int, rdev: int,
+) -> bytes:  # fmt: skip
+    """``direntplus`` from plain fields (listings of a source's ``StatRow``s need no FileInfo).
 
     One ``pack`` per record with the name (zero-padded by the format) included: listings make one
     record per entry, and the generic path (attribute tuple, concatenation, padding) cost twice
@@ -90,13 +100,11 @@ def direntplus(node: int, info: FileInfo, timeout: int, offset: int, name: bytes
     packer = _PLUS_BY_LENGTH.get(length)
     if packer is None:
         packer = _PLUS_BY_LENGTH[length] = struct.Struct(_PLUS.format + f"{(length + 7) & ~7}s")
-    seconds, nanoseconds = divmod(info.mtime_ns, 1_000_000_000)
-    size = info.size
-    mode = info.mode
+    seconds, nanoseconds = divmod(mtime_ns, 1_000_000_000)
     return packer.pack(
         node, 0, timeout, timeout, 0, 0,
         ino, size, (size + 511) // 512, seconds, seconds, seconds, nanoseconds, nanoseconds, nanoseconds,
-        mode, info.nlink, info.uid, info.gid, info.rdev, 4096, 0,
+        mode, nlink, uid, gid, rdev, 4096, 0,
         ino, offset, length, stat.S_IFMT(mode) >> 12, name,
     )  # fmt: skip
 

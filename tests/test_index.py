@@ -13,7 +13,14 @@ import pytest
 
 import ratarmountcore
 from ratarmountcore.errors import IndexNotWritableError, TruncatedArchiveError
-from ratarmountcore.index.sqlite_index import APPLICATION_ID, FORMAT_VERSION, ROW_COLUMNS, IndexReader, written_by_us
+from ratarmountcore.index.sqlite_index import (
+    APPLICATION_ID,
+    FORMAT_VERSION,
+    LIST_STATS_SQL,
+    ROW_COLUMNS,
+    IndexReader,
+    written_by_us,
+)
 from ratarmountcore.options import IndexOptions, OpenOptions
 
 
@@ -41,6 +48,7 @@ def test_lookups_and_listings_use_the_path_index(tmp_path: Path) -> None:
             f"SELECT {ROW_COLUMNS} FROM files WHERE parent = ? AND latest = 1 ORDER BY name, id LIMIT ?",
             (b"/d1", 100),
         ),
+        (LIST_STATS_SQL, (b"/d1",)),
     ):
         plan = " ".join(str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params))
         # Covering: the answer comes from the index alone (a cold lookup reads one B-tree).
@@ -224,3 +232,40 @@ def test_index_in_a_folder_whose_name_needs_percent_encoding(tmp_path: Path, nam
     with ratarmountcore.open(str(archive), options) as source:  # opens it read-only by URI
         assert sorted(source.listdir("/")) == built
         assert source._index.path == str(folder / "a.tar.index.sqlite")  # type: ignore[attr-defined]
+
+
+def test_stat_rows_of_a_listing_agree_with_its_entries(tmp_path: Path) -> None:
+    """``list_stat_rows`` (one narrow query, what the low-level front-end packs its listings
+    from) gives every folder's entries with the same fields as ``list_entries``: files, a
+    symlink, a hard link, a device, a name that is not UTF-8, an mtime beyond 64-bit
+    nanoseconds, and the ``.versions`` folders of a member stored twice. Not a folder: None."""
+    archive = tmp_path / "kinds.tar"
+    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data, mtime in (("d/a", b"1", 1_600_000_000.5), ("d/late", b"22", 10**10), ("d/a", b"333", 7)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.uid, info.gid = len(data), mtime, 1000, 2000
+            tar.addfile(info, io.BytesIO(data))
+        for name, kind, target in (("d/sym", tarfile.SYMTYPE, "a"), ("d/hard", tarfile.LNKTYPE, "d/late")):
+            link = tarfile.TarInfo(name)
+            link.type, link.linkname = kind, target
+            tar.addfile(link)
+        device = tarfile.TarInfo("d/tty")
+        device.type, device.devmajor, device.devminor = tarfile.CHRTYPE, 4, 5
+        tar.addfile(device)
+        odd = tarfile.TarInfo("d/caf\udce9")  # written as the byte 0xE9
+        tar.addfile(odd, io.BytesIO(b""))
+    with ratarmountcore.open(str(archive)) as source:
+        folders = ["/", "/d", "/d/a.versions"]
+        for path in folders:
+            entries = source.list_entries(path)
+            assert entries is not None
+            expected = [
+                (n.encode("utf-8", "surrogateescape"), i.mode, i.size, i.mtime_ns, i.uid, i.gid, i.nlink, i.ino, i.rdev)
+                for n, i in entries
+            ]
+            assert source.list_stat_rows(path) == expected, path
+        rows = {row[0]: row for row in source.list_stat_rows("/d") or []}
+        assert set(rows) == {b"a", b"late", b"sym", b"hard", b"tty", b"caf\xe9"}
+        assert rows[b"late"][3] == 10**19 and rows[b"late"][6] == 2 == rows[b"hard"][6]
+        assert rows[b"late"][7] == rows[b"hard"][7] > 1
+        assert source.list_stat_rows("/d/a") is None and source.list_stat_rows("/missing") is None

@@ -678,3 +678,18 @@ def test_an_entry_named_by_the_table_is_left_out_for_its_waiting_lookup_too(tmp_
         ops.forget(f1, 1)  # the one count the lookup gave: gone from the table
         with pytest.raises(StaleNodeError):
             ops.nodes.path(f1)
+
+
+@pytest.mark.parametrize(
+    "mode", [stat.S_IFREG | 0o644, stat.S_IFDIR | 0o755, stat.S_IFLNK | 0o777, stat.S_IFCHR | 0o600]
+)
+def test_a_plain_listing_record_is_the_tail_of_the_plus_record(mode: int) -> None:
+    """A READDIR page is cut from the READDIRPLUS records (``readdir`` without ``plus``): the
+    plain record must be exactly what ``dirent`` makes, for every name length's padding."""
+    from ratarmount import kernel_abi as abi
+
+    for length in range(1, 20):
+        name = bytes(range(65, 65 + length))
+        plus = abi.direntplus_of(7, TIMEOUT, 3 + length, name, 1234, mode, 99, 10**18 + 5, 1, 2, 3, 0)
+        assert len(plus) % 8 == 0
+        assert plus[abi.ENTRY_SIZE :] == abi.dirent(1234, 3 + length, name, mode)

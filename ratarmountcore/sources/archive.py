@@ -18,7 +18,7 @@ from ..io.readers import MemberFile, PlainFileReader, RandomAccessReader, will_n
 from ..options import CompressionOptions, OpenOptions
 from ..tar.indexing import NamespacedSeekPoints, index_tar, open_nested_compressed
 from ..tar.sample import tell_member_size
-from .base import VERSIONS_SUFFIX, FileInfo, MountSource
+from .base import VERSIONS_SUFFIX, FileInfo, MountSource, StatRow
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +183,17 @@ class ArchiveSource(MountSource):
             rows = self._index.list(encode(path), limit + 1 if limit >= 0 else -1)
             entries = [(_decode(row[2]), row_to_info(row)) for row in rows if row[2]]
         return entries if limit < 0 else entries[:limit]
+
+    def list_stat_rows(self, path: str) -> Optional[List[StatRow]]:
+        info = self.lookup(path)
+        if info is None or not info.is_dir:
+            return None
+        if info.ino == 0:  # PATH.versions and the folders in it: see list_entries_upto
+            return super().list_stat_rows(path)
+        rows = self._index.list_stats(encode(path))
+        if any(row[3].__class__ is not int for row in rows):  # mtimes beyond 64 bits
+            rows = [row[:3] + (decode_int(row[3]),) + row[4:] for row in rows]
+        return rows  # type: ignore[return-value]
 
     def open_info(self, info: FileInfo) -> MemberFile:
         locator = info.locator

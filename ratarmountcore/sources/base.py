@@ -72,6 +72,11 @@ def normalize(path: str) -> str:
     return "/" + path.lstrip("/")
 
 
+#: An entry of a listing as plain fields: name (UTF-8 bytes, other bytes kept as they were),
+#: mode, size, mtime_ns, uid, gid, nlink, ino, rdev -- ``FileInfo``'s meanings.
+StatRow = Tuple[bytes, int, int, int, int, int, int, int, int]
+
+
 class MountSource(ABC):
     """Read-only tree of files. Implementations must be safe to call from many threads."""
 
@@ -89,6 +94,18 @@ class MountSource(ABC):
         is small without loading a large one whole. Sources that can stop early override it."""
         entries = self.list_entries(path)
         return None if entries is None else list(itertools.islice(entries, limit))
+
+    def list_stat_rows(self, path: str) -> Optional[List[StatRow]]:
+        """The entries of ``list_entries(path)`` as plain ``StatRow`` tuples, in the same order:
+        for front-ends that answer a listing with every entry's attributes at once, without an
+        object per entry. Sources with an index override it with a narrower query."""
+        entries = self.list_entries(path)
+        if entries is None:
+            return None
+        return [
+            (name.encode("utf-8", "surrogateescape"), i.mode, i.size, i.mtime_ns, i.uid, i.gid, i.nlink, i.ino, i.rdev)
+            for name, i in entries
+        ]
 
     @abstractmethod
     def open_info(self, info: FileInfo) -> MemberFile:
