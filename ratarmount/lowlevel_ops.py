@@ -52,6 +52,8 @@ NODE_LISTINGS_MAX = 64
 #: How long the lookup that hands a folder to the prefetcher waits for the listing (see
 #: ``lookup``); a listing of a folder of 4,096 entries takes ~20 ms on a small VM.
 LISTING_WAIT = 0.25
+#: Folders remembered from listings at most (``_listed_folders``), then forgotten all at once.
+LISTED_FOLDERS_MAX = 16384
 #: Inode number in listings of entries that have none (readdir must not report 0).
 UNKNOWN_INO = 0xFFFFFFFF
 
@@ -123,6 +125,9 @@ class LowLevelOperations:
         self._replies_lock = threading.Lock()
         self._reply_count = 0
         self._recent_parents = RecentFolders()
+        #: Node id -> path of the folders named in listings (``find`` lists each one next: its
+        #: path by name from the parent's cached rows instead of a query by inode number).
+        self._listed_folders: Dict[int, str] = {}
         self._negative = abi.entry_out(0, abi.NEGATIVE_ATTR, self._timeout)
 
     def _lookup_ino(self, ino: int) -> Optional[Tuple[str, Entry]]:
@@ -145,7 +150,14 @@ class LowLevelOperations:
         if node == ROOT_ID or node >= self.nodes.first:
             path = self.nodes.path(node)
             return path, self._require(path)
-        found = self._looked_up.get(node) or self._by_ino(node)
+        found = self._looked_up.get(node)
+        if found is None:
+            listed = self._listed_folders.get(node)
+            if listed is not None:  # a folder the kernel got from a listing: by path, mostly cached
+                entry = self._entry(listed)
+                if entry is not None and entry[0].ino == node:
+                    return listed, entry
+            found = self._by_ino(node)
         if found is None:
             raise StaleNodeError(node)
         return found
@@ -418,11 +430,16 @@ class LowLevelOperations:
         waiting = self._waiting.get(node)
         if rows is not None:
             plus_of = abi.direntplus_of
+            folders = self._listed_folders
+            if len(folders) > LISTED_FOLDERS_MAX:
+                folders.clear()
             for raw, mode, size, mtime_ns, uid, gid, nlink, ino, rdev in rows:
                 offset += 1
                 given = 0 if raw == waiting else ino  # (see below)
                 record = plus_of(given, timeout, offset, raw, ino, mode, size, mtime_ns, uid, gid, nlink, rdev)
                 listing.append((raw, "", None, record))
+                if mode & 0o170000 == 0o040000:
+                    folders[ino] = prefix + raw.decode(ENCODING, "surrogateescape")
             return listing
         for name, info in entries:
             offset += 1

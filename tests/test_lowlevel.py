@@ -693,3 +693,32 @@ def test_a_plain_listing_record_is_the_tail_of_the_plus_record(mode: int) -> Non
         plus = abi.direntplus_of(7, TIMEOUT, 3 + length, name, 1234, mode, 99, 10**18 + 5, 1, 2, 3, 0)
         assert len(plus) % 8 == 0
         assert plus[abi.ENTRY_SIZE :] == abi.dirent(1234, 3 + length, name, mode)
+
+
+def test_folders_named_in_a_listing_are_resolved_by_path(tmp_path: Path) -> None:
+    """A folder the kernel got from a listing (``find`` lists it next; a random open looks a
+    file up in it) is resolved by its path from the listing, not by a query for its inode
+    number (on a cold index, a read of the table B-tree per folder). A remembered path that no
+    longer names that node falls back to the query."""
+    archive = tmp_path / "folders.tar"
+    archive.write_bytes(tar_bytes({f"d{i}/f": bytes([i]) for i in range(5)}))
+    with ratarmountcore.open(str(archive)) as source:
+        ops = LowLevelOperations(source)
+        ops.init(no_open_supported=True, no_opendir_supported=True)
+        nodes = {name: node for name, _offset, node, _attrs in list_by_node(ops, ROOT_ID, True, 1 << 16)}
+        queried: List[int] = []
+        by_ino = source.by_ino
+
+        def counting(ino: int) -> object:
+            queried.append(ino)
+            return by_ino(ino)
+
+        source.by_ino = counting  # type: ignore[method-assign]
+        listed = list_by_node(ops, nodes[b"d3"], True, 1 << 16)
+        assert [name for name, *_ in listed] == [b".", b"..", b"f"]
+        node = lookup(ops, nodes[b"d4"], b"f")[0]
+        assert ops.read(node, 0, 0, memoryview(bytearray(8))) == 1
+        assert queried == []
+        ops._listed_folders[nodes[b"d2"]] = "/d1"  # (as if the tree had changed: it cannot)
+        assert [name for name, *_ in list_by_node(ops, nodes[b"d2"], True, 1 << 16)] == [b".", b"..", b"f"]
+        assert queried == [nodes[b"d2"]]
