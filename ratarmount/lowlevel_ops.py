@@ -428,11 +428,11 @@ class LowLevelOperations:
         own_node = self._own_node
         offset = 2
         waiting = self._waiting.get(node)
+        folders = self._listed_folders  # (see _resolve)
+        if len(folders) > LISTED_FOLDERS_MAX:
+            folders.clear()
         if rows is not None:
             plus_of = abi.direntplus_of
-            folders = self._listed_folders
-            if len(folders) > LISTED_FOLDERS_MAX:
-                folders.clear()
             for raw, mode, size, mtime_ns, uid, gid, nlink, ino, rdev in rows:
                 offset += 1
                 given = 0 if raw == waiting else ino  # (see below)
@@ -449,6 +449,8 @@ class LowLevelOperations:
                 # (node id 0: the kernel links nothing for the entry a lookup waits on)
                 given = 0 if raw == waiting else entry_node
                 listing.append((raw, "", info, plus(given, info, timeout, offset, raw, entry_node)))
+                if info.is_dir:
+                    folders[entry_node] = prefix + name
             elif raw == waiting:  # not named by the table when served either
                 listing.append((raw, prefix + name, info, plus(0, info, timeout, offset, raw, info.ino or UNKNOWN_INO)))
             else:

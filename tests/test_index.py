@@ -17,6 +17,7 @@ from ratarmountcore.index.sqlite_index import (
     APPLICATION_ID,
     FORMAT_VERSION,
     LIST_STATS_SQL,
+    PAGE_SIZE,
     ROW_COLUMNS,
     IndexReader,
     written_by_us,
@@ -150,6 +151,24 @@ def test_old_format_version_is_rebuilt(tmp_path: Path) -> None:
     conn.close()
     with ratarmountcore.open(str(archive)) as src:
         assert src.read("/d5/f5") == b"5"
+
+
+def test_indexes_with_other_page_sizes_are_used_as_they_are(tmp_path: Path) -> None:
+    """New indexes use ``PAGE_SIZE``; one written with 4 KiB pages (before session 13) is still
+    opened without a rebuild (its mtime, its page size and its answers stay)."""
+    archive = make_tar(tmp_path / "a.tar", 50)
+    ratarmountcore.open(str(archive)).close()
+    index = tmp_path / "a.tar.index.sqlite"
+    conn = sqlite3.connect(index)
+    assert conn.execute("PRAGMA page_size").fetchone()[0] == PAGE_SIZE != 4096
+    conn.execute("PRAGMA page_size=4096")
+    conn.execute("VACUUM")
+    conn.close()
+    written = index.stat().st_mtime_ns
+    with ratarmountcore.open(str(archive)) as src:
+        assert src.read("/d7/f27") == b"27" and sorted(src.listdir("/d3")) == [f"f{i}" for i in (13, 23, 3, 33, 43)]
+    assert index.stat().st_mtime_ns == written
+    assert sqlite3.connect(index).execute("PRAGMA page_size").fetchone()[0] == 4096
 
 
 def test_lookups_in_one_folder_load_it_once_and_agree_with_the_index(tmp_path: Path) -> None:

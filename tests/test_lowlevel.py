@@ -695,17 +695,22 @@ def test_a_plain_listing_record_is_the_tail_of_the_plus_record(mode: int) -> Non
         assert plus[abi.ENTRY_SIZE :] == abi.dirent(1234, 3 + length, name, mode)
 
 
-def test_folders_named_in_a_listing_are_resolved_by_path(tmp_path: Path) -> None:
+@pytest.mark.parametrize("from_run", [False, True])
+def test_folders_named_in_a_listing_are_resolved_by_path(tmp_path: Path, from_run: bool) -> None:
     """A folder the kernel got from a listing (``find`` lists it next; a random open looks a
     file up in it) is resolved by its path from the listing, not by a query for its inode
-    number (on a cold index, a read of the table B-tree per folder). A remembered path that no
+    number (on a cold index, a read of the table B-tree per folder) -- also when the listing
+    was made from the entries just read for a run of lookups. A remembered path that no
     longer names that node falls back to the query."""
     archive = tmp_path / "folders.tar"
     archive.write_bytes(tar_bytes({f"d{i}/f": bytes([i]) for i in range(5)}))
     with ratarmountcore.open(str(archive)) as source:
         ops = LowLevelOperations(source)
         ops.init(no_open_supported=True, no_opendir_supported=True)
+        if from_run:
+            ops._run_entries = (ROOT_ID, list(source.list_entries("/") or ()))
         nodes = {name: node for name, _offset, node, _attrs in list_by_node(ops, ROOT_ID, True, 1 << 16)}
+        assert ops._run_entries[0] == 0  # (used up, when given)
         queried: List[int] = []
         by_ino = source.by_ino
 

@@ -31,6 +31,13 @@ IMPLICIT = -1
 ROW_COLUMNS = (
     "id, parent, name, kind, mode, size, mtime_ns, uid, gid, nlink, ino, linkname, offset_data, sparse, rdev, source"
 )
+#: Pages of new indexes. A lookup on a cold index reads a leaf page from disk; larger pages
+#: hold more of the neighbouring entries (1,000 random reads from the 100,000-file tar after
+#: ``drop_caches``, interleaved: 4 KiB 0.34 s, 16 KiB 0.30 s, 64 KiB 0.28 s), but a lookup
+#: whose page is in the OS cache but not in SQLite's copies it whole (warm random lookups 10.0,
+#: 10.5 and 14.5 us; 8 parallel readers 0.65 s with 4 and 16 KiB, 0.76 s with 64 KiB).
+#: Indexes with other page sizes stay valid.
+PAGE_SIZE = 16384
 #: ``IndexReader.list_stats``: a folder's entries as ``StatRow`` fields (the root row has no name).
 LIST_STATS_SQL = (
     "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino + 1, rdev FROM files"
@@ -137,7 +144,7 @@ class IndexWriter:
         self._conn = sqlite3.connect(self.temp_path, isolation_level=None)
         self._conn.executescript(
             "PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA locking_mode=EXCLUSIVE; "
-            "PRAGMA page_size=4096; PRAGMA cache_size=-4000;"
+            f"PRAGMA page_size={PAGE_SIZE}; PRAGMA cache_size=-4000;"
         )
         self._conn.executescript(_sql("schema.sql"))
         self._conn.execute("BEGIN")
