@@ -727,3 +727,29 @@ def test_folders_named_in_a_listing_are_resolved_by_path(tmp_path: Path, from_ru
         ops._listed_folders[nodes[b"d2"]] = "/d1"  # (as if the tree had changed: it cannot)
         assert [name for name, *_ in list_by_node(ops, nodes[b"d2"], True, 1 << 16)] == [b".", b"..", b"f"]
         assert queried == [nodes[b"d2"]]
+
+
+@pytest.mark.parametrize(("minor", "given"), [(14, True), (12, True), (10, False)])
+def test_high_level_worker_threads_only_where_libfuse_knows_the_option(
+    monkeypatch: pytest.MonkeyPatch, minor: int, given: bool
+) -> None:
+    """The high-level front-end gets one worker per core too, but only from libfuse 3.12 on:
+    older libfuse 3 (Ubuntu 22.04 ships 3.10) fails a mount with an unknown ``max_threads``.
+    A user's own ``-o max_threads`` always goes through."""
+    import types
+
+    from ratarmount import fuse_compat
+    from ratarmount.cli import MountOptions
+    from ratarmount.mount import fuse_kwargs
+    from ratarmountcore.options import OpenOptions
+
+    monkeypatch.setattr(fuse_compat, "fuse", types.SimpleNamespace(fuse_version_major=3, fuse_version_minor=minor))
+    options = MountOptions(sources=["/a.tar"], mountpoint="/mnt", open_options=OpenOptions())
+    kwargs = fuse_kwargs(options, "a.tar")
+    assert ("max_threads" in kwargs) is given and ("max_idle_threads" in kwargs) is given
+    if given:
+        assert kwargs["max_threads"] == str(default_max_threads())
+    own = MountOptions(
+        sources=["/a.tar"], mountpoint="/mnt", open_options=OpenOptions(), fuse_options={"max_threads": "9"}
+    )
+    assert fuse_kwargs(own, "a.tar")["max_threads"] == "9"
