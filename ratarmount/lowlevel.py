@@ -38,6 +38,8 @@ from .workers import LOOP_OPTIONS
 
 logger = logging.getLogger(__name__)
 
+#: READ replies at least this large are written with the GIL released (see ``_load_library``).
+RELEASED_REPLY = 64 * 1024
 #: Read buffer per worker thread (the kernel asks for at most 1 MiB with libfuse 3's defaults).
 READ_BUFFER = 1024 * 1024 + 4096
 
@@ -157,6 +159,10 @@ def _load_library() -> Any:
     replies.fuse_reply_err.argtypes = [fuse_req_t, ctypes.c_int]
     replies.fuse_reply_none.argtypes = [fuse_req_t]
     replies.fuse_reply_none.restype = None
+    # ``lib``'s own binding (``CDLL``) releases the GIL: for large READ replies, whose copy
+    # into the reader's pages takes long enough for another worker to run meanwhile.
+    lib.fuse_reply_buf_released = lib.fuse_reply_buf  # type: ignore[attr-defined]
+    lib.fuse_reply_buf_released.argtypes = [fuse_req_t, ctypes.c_void_p, ctypes.c_size_t]
     for function in ("fuse_reply_buf", "fuse_reply_err", "fuse_reply_none"):
         setattr(lib, function, getattr(replies, function))
     lib.fuse_loop_cfg_create.restype = ctypes.c_void_p
@@ -352,7 +358,7 @@ class LowLevelFuse:
             try:
                 data, address = self._buffer(size)
                 count = ops.read(node, fi.contents.fh, offset, memoryview(data)[:size])
-                lib.fuse_reply_buf(req, address, count)
+                (lib.fuse_reply_buf_released if count >= RELEASED_REPLY else lib.fuse_reply_buf)(req, address, count)
             except BaseException as exc:  # noqa: BLE001
                 fail(req, exc, f"read of node {node}")
 
