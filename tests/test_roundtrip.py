@@ -33,6 +33,7 @@ from tarcompare import (
 )
 
 import ratarmountcore
+from ratarmountcore.sources.base import MountSource
 
 # The reference is tar -x restoring owners, modes (setuid, 0o000 files readable) and devices:
 # that needs root.
@@ -268,6 +269,11 @@ def test_api_matches_tar_extraction(tree: Tree) -> None:
             expected, implicit = extract(archive, work, count)
             with ratarmountcore.open(str(archive), FRESH) as src:
                 actual = snapshot_source(src)
+                # The low-level front-end lists from plain rows (``list_stat_rows``, one narrow
+                # query): every folder's must be what ``list_entries`` derives.
+                for folder, _dirs, _files in src.walk("/"):
+                    rows = src.list_stat_rows(folder)
+                    assert rows == MountSource.list_stat_rows(src, folder), f"{archive.name}: {folder}"
             compare_trees(expected, actual, implicit, check_root="/" not in implicit, label=archive.name)
 
 
