@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="OPTIONS",
         help="comma-separated FUSE options, e.g. -o allow_other,uid=1000; max_threads=N sets the "
-        "worker threads (default: one per core, 2 to 16; more can help on storage with long latencies)",
+        "worker threads (default: one per core, 2 to 16, at least 8 for archives on network file systems)",
     )
     parser.add_argument("--index-file", help="read/write the index at this path")
     parser.add_argument(

@@ -55,7 +55,7 @@ def fuse_kwargs(options: MountOptions, source_label: str) -> Dict[str, Union[str
         # As for the low-level front-end (see workers.py): 8 readers on 2 cores took 0.58 s with
         # 2 threads, 0.96 s with 32 (libfuse 3.14 warns when these are left at their defaults;
         # before 3.12 there is no max_threads option, and an unknown option fails the mount).
-        threads = str(default_max_threads())
+        threads = str(default_max_threads(options.sources))
         kwargs["max_threads"] = threads
         kwargs["max_idle_threads"] = threads
     kwargs.update(options.fuse_options)
@@ -150,7 +150,7 @@ def run_fuse(
             from .workers import loop_threads
 
             prefetcher = FolderPrefetcher(os.path.abspath(options.mountpoint))
-            max_threads, idle_threads = loop_threads(options.fuse_options)
+            max_threads, idle_threads = loop_threads(options.fuse_options, options.sources)
             LowLevelFuse(LowLevelOperations(source, ready, prefetcher), max_threads, idle_threads).serve(
                 options.mountpoint, session_arguments(options.fuse_options, fsname_for(label), options.debug >= 2)
             )

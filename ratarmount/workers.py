@@ -6,42 +6,98 @@ maybe indexes) an archive, without loading libfuse.
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ratarmountcore.errors import RatarmountError
+
+logger = logging.getLogger(__name__)
 
 #: ``-o`` options of libfuse's multi-threaded loop (``fuse_loop_config``).
 LOOP_OPTIONS = ("max_threads", "max_idle_threads")
 #: At most this many worker threads by default, however many cores there are.
 MAX_THREADS_CAP = 16
+#: At least this many by default for archives on network or parallel file systems.
+NETWORK_MIN_THREADS = 8
+#: File system types (``/proc/self/mountinfo``) whose cold reads go over a network: Lustre,
+#: GPFS, BeeGFS, NFS and the like, and FUSE clients of remote storage.
+NETWORK_FILE_SYSTEMS = frozenset(
+    {
+        "lustre", "gpfs", "beegfs", "nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "afs",
+        "panfs", "orangefs", "pvfs2", "wekafs", "9p", "fuse.glusterfs", "fuse.sshfs", "fuse.s3fs",
+        "fuse.gcsfuse", "fuse.rclone", "fuse.juicefs", "fuse.cvmfs2",
+    }
+)  # fmt: skip
 
 
-def default_max_threads() -> int:
-    """One worker thread per usable core (at least 2, at most ``MAX_THREADS_CAP``).
+def _unescape(field: str) -> str:
+    """Mount points in mountinfo have space, tab, newline and backslash as octal escapes."""
+    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def file_system_type(path: str, mountinfo: Optional[str] = None) -> str:
+    """The type of the file system that holds ``path`` ("" when it cannot be told): the mount
+    with the longest mount point above the path's real location."""
+    try:
+        if mountinfo is None:
+            with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+                mountinfo = f.read()
+        target = os.path.realpath(path)
+    except OSError:
+        return ""
+    best, found = -1, ""
+    for line in mountinfo.splitlines():
+        head, separator, tail = line.partition(" - ")
+        fields = head.split(" ")
+        if not separator or len(fields) < 5 or not tail:
+            continue
+        point = _unescape(fields[4])
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= best:  # (later mounts over the same point hide earlier ones)
+            best, found = len(point), tail.split(" ")[0]
+    return found
+
+
+def default_max_threads(archives: Sequence[str] = ()) -> int:
+    """One worker thread per usable core (at least 2, at most ``MAX_THREADS_CAP``); at least
+    ``NETWORK_MIN_THREADS`` when an archive lies on a network or parallel file system.
 
     Python runs one thread at a time, and every worker woken by a request wants the GIL at
     once; more workers than cores only queue for it, handing it over at every ``pread`` and
-    SQLite call. Measured on 2 cores, 8 processes reading 4,000 random files from a fresh
-    mount (median of 4, interleaved): 2 threads 0.73 s, 3: 0.78 s, 4: 0.86 s, 8: 1.05 s, 32
-    (libfuse's usual setting): 1.14-1.16 s; one reader, a stat of every file and ``find`` did
-    not change. A second thread is needed: one lookup may wait for the listing that another
-    worker serves (``lowlevel_ops``). Storage with long latencies (a cold parallel file
-    system) may want more reads in flight: ``-o max_threads=N``."""
+    SQLite call. Measured on 2 cores with the archive on a local disk, 8 processes reading
+    4,000 random files from a fresh mount (median of 4, interleaved): 2 threads 0.73 s, 3: 0.78
+    s, 4: 0.86 s, 8: 1.05 s, 32 (libfuse's usual setting): 1.14-1.16 s; one reader, a stat of
+    every file and ``find`` did not change. A second thread is needed: one lookup may wait for
+    the listing that another worker serves (``lowlevel_ops``).
+
+    A worker waits in ``pread`` for as long as a cold read takes, so the workers bound the
+    reads in flight: ~0.1 ms each on a local disk, a millisecond and more on a parallel file
+    system, where 2 workers would serve 8 readers at a quarter of what the storage allows.
+    (Not measured here: this machine has no network file system.) ``-o max_threads=N``
+    decides either way."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 2
-    return max(2, min(cores, MAX_THREADS_CAP))
+    threads = max(2, min(cores, MAX_THREADS_CAP))
+    remote = sorted({kind for kind in map(file_system_type, archives) if kind in NETWORK_FILE_SYSTEMS})
+    if remote and threads < NETWORK_MIN_THREADS:
+        logger.debug("archives on %s: %d worker threads instead of %d", ", ".join(remote), NETWORK_MIN_THREADS, threads)
+        threads = NETWORK_MIN_THREADS
+    return threads
 
 
-def loop_threads(fuse_options: Dict[str, Any]) -> Tuple[int, int]:
+def loop_threads(fuse_options: Dict[str, Any], archives: Sequence[str] = ()) -> Tuple[int, int]:
     """``-o max_threads=N,max_idle_threads=M``: the loop's worker threads at most (default
-    ``default_max_threads``), and idle ones kept (default: all of them). libfuse 3.12+ takes
-    them through ``fuse_loop_config``, not ``fuse_session_new``."""
+    ``default_max_threads(archives)``), and idle ones kept (default: all of them). libfuse
+    3.12+ takes them through ``fuse_loop_config``, not ``fuse_session_new``."""
     values: List[int] = []
     for key in LOOP_OPTIONS:
-        text = fuse_options.get(key, values[0] if values else default_max_threads())
+        if key in fuse_options:
+            text = fuse_options[key]
+        else:
+            text = values[0] if values else default_max_threads(archives)
         try:
             value = int(text)
         except (TypeError, ValueError):

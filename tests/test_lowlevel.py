@@ -753,3 +753,48 @@ def test_high_level_worker_threads_only_where_libfuse_knows_the_option(
         sources=["/a.tar"], mountpoint="/mnt", open_options=OpenOptions(), fuse_options={"max_threads": "9"}
     )
     assert fuse_kwargs(own, "a.tar")["max_threads"] == "9"
+
+
+MOUNTINFO = """\
+22 27 0:21 / /proc rw,relatime - proc proc rw
+27 1 254:0 / / rw,relatime - ext4 /dev/vda rw
+40 27 0:50 / /lustre rw,relatime - lustre 10.0.0.1@tcp:/scratch rw,flock
+41 40 0:51 / /lustre/home/me/local\\040copy rw - ext4 /dev/sdb1 rw
+42 27 0:52 / /nfs rw shared:7 - nfs4 server:/export rw,vers=4.2
+43 27 0:53 / /data rw - ext4 /dev/sdc rw
+44 27 0:54 / /data rw - fuse.sshfs me@host:/data rw
+"""
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [
+        ("/lustre/scratch/imagenet.tar", "lustre"),
+        ("/lustre", "lustre"),
+        ("/lustre/home/me/local copy/a.tar", "ext4"),  # a mount below, its name escaped
+        ("/lustrex/a.tar", "ext4"),  # a prefix of the name only
+        ("/nfs/x.tar.gz", "nfs4"),  # optional fields before the separator
+        ("/data/a.tar", "fuse.sshfs"),  # mounted over: the later mount wins
+        ("/home/a.tar", "ext4"),
+    ],
+)
+def test_file_system_type_of_an_archive(path: str, kind: str) -> None:
+    from ratarmount.workers import file_system_type
+
+    assert file_system_type(path, MOUNTINFO) == kind
+
+
+def test_archives_on_network_file_systems_get_more_workers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A worker waits in ``pread`` for as long as a cold read takes: on a parallel or network
+    file system the default leaves room for more reads in flight; an explicit -o wins."""
+    from ratarmount import workers
+
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda _pid: {0, 1})
+    local = str(tmp_path / "a.tar")
+    assert workers.default_max_threads([local]) == 2
+    monkeypatch.setattr(workers, "file_system_type", lambda path: "lustre" if "lustre" in path else "ext4")
+    assert workers.default_max_threads([local, "/lustre/b.tar"]) == workers.NETWORK_MIN_THREADS
+    assert workers.loop_threads({}, ["/lustre/b.tar"]) == (workers.NETWORK_MIN_THREADS,) * 2
+    assert workers.loop_threads({"max_threads": "3"}, ["/lustre/b.tar"]) == (3, 3)
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda _pid: set(range(64)))
+    assert workers.default_max_threads(["/lustre/b.tar"]) == workers.MAX_THREADS_CAP
