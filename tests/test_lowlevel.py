@@ -792,7 +792,7 @@ def test_archives_on_network_file_systems_get_more_workers(monkeypatch: pytest.M
     monkeypatch.setattr(workers.os, "sched_getaffinity", lambda _pid: {0, 1})
     local = str(tmp_path / "a.tar")
     assert workers.default_max_threads([local]) == 2
-    monkeypatch.setattr(workers, "file_system_type", lambda path: "lustre" if "lustre" in path else "ext4")
+    monkeypatch.setattr(workers, "file_system_type", lambda path, _m=None: "lustre" if "lustre" in path else "ext4")
     assert workers.default_max_threads([local, "/lustre/b.tar"]) == workers.NETWORK_MIN_THREADS
     assert workers.loop_threads({}, ["/lustre/b.tar"]) == (workers.NETWORK_MIN_THREADS,) * 2
     assert workers.loop_threads({"max_threads": "3"}, ["/lustre/b.tar"]) == (3, 3)
