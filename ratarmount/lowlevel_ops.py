@@ -19,6 +19,7 @@ import functools
 import itertools
 import logging
 import os
+import stat
 import threading
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
@@ -438,7 +439,7 @@ class LowLevelOperations:
                 given = 0 if raw == waiting else ino  # (see below)
                 record = plus_of(given, timeout, offset, raw, ino, mode, size, mtime_ns, uid, gid, nlink, rdev)
                 listing.append((raw, "", None, record))
-                if mode & 0o170000 == 0o040000:
+                if stat.S_ISDIR(mode):
                     folders[ino] = prefix + raw.decode(ENCODING, "surrogateescape")
             return listing
         for name, info in entries:

@@ -36,13 +36,22 @@ def _unescape(field: str) -> str:
     return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 
 
+def _read_mountinfo() -> str:
+    """This process's mount table ("" when it cannot be read)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def file_system_type(path: str, mountinfo: Optional[str] = None) -> str:
     """The type of the file system that holds ``path`` ("" when it cannot be told): the mount
-    with the longest mount point above the path's real location."""
+    with the longest mount point above the path's real location in ``mountinfo`` (default:
+    this process's)."""
+    if mountinfo is None:
+        mountinfo = _read_mountinfo()
     try:
-        if mountinfo is None:
-            with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-                mountinfo = f.read()
         target = os.path.realpath(path)
     except OSError:
         return ""
@@ -84,11 +93,7 @@ def default_max_threads(archives: Sequence[str] = ()) -> int:
     threads = max(2, min(cores, MAX_THREADS_CAP))
     if threads >= NETWORK_MIN_THREADS or not archives:
         return threads
-    try:  # read once: a union of hundreds of archives on a node with thousands of mounts
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-            mounts: Optional[str] = f.read()
-    except OSError:
-        mounts = None
+    mounts = _read_mountinfo()  # once: a union of hundreds of archives, a node with many mounts
     for archive in archives:
         kind = file_system_type(archive, mounts)
         if kind in NETWORK_FILE_SYSTEMS:
