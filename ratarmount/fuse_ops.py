@@ -41,7 +41,7 @@ def translate_errors(method: F) -> F:
             raise
         except Exception as exc:
             code = errno_of(exc)
-            if code == errno.EIO:
+            if code == errno.EIO and not getattr(exc, "logged", False):  # (some are logged once, where found)
                 logger.error(
                     "%s%s failed: %s", method.__name__, args[1:2], exc, exc_info=logger.isEnabledFor(logging.DEBUG)
                 )

@@ -262,7 +262,7 @@ class LowLevelFuse:
 
     def _fail(self, req: int, exc: BaseException, what: str) -> None:
         code = errno_of(exc)
-        if code == errno.EIO:
+        if code == errno.EIO and not getattr(exc, "logged", False):  # (some are logged once, where found)
             logger.error("%s failed: %s", what, exc, exc_info=logger.isEnabledFor(logging.DEBUG))
         self.lib.fuse_reply_err(req, code)
 

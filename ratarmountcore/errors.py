@@ -57,6 +57,18 @@ class CorruptDataError(RatarmountError, OSError):
 
     errno_code = errno.EIO
 
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        if self.errno is None:  # (a message alone): callers of the library see EIO too
+            self.errno = self.errno_code
+
+
+class ArchiveChangedError(CorruptDataError):
+    """The archive file changed while mounted: its index no longer describes it. Logged once
+    where it is detected (``logged``), so front-ends do not log every read it fails."""
+
+    logged = True
+
 
 class MissingBackendError(RatarmountError, ImportError):
     """An optional library needed for this file is not installed."""

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Tuple
 
 from ..digest import sha256
 
@@ -16,6 +17,9 @@ class ArchiveStats:
     size: int
     mtime_ns: int
     fingerprint: str
+    #: (offset, digest) of every sampled block, for telling later whether they are unchanged
+    #: (``samples_unchanged``); not part of the identity stored in an index.
+    samples: Tuple[Tuple[int, bytes], ...] = field(default=(), compare=False, repr=False)
 
     def differences(self, other: "ArchiveStats") -> str:
         """Human-readable reason why two stats differ ("" if equal)."""
@@ -37,6 +41,18 @@ def archive_stats(fd: int) -> ArchiveStats:
     else:
         step = (st.st_size - SAMPLE) // (SAMPLES - 1)
         offsets = range(0, SAMPLES * step, step)
+    samples = []
     for offset in offsets:
-        digest.update(os.pread(fd, SAMPLE, offset))
-    return ArchiveStats(size=st.st_size, mtime_ns=st.st_mtime_ns, fingerprint=digest.hexdigest()[:32])
+        block = os.pread(fd, SAMPLE, offset)
+        digest.update(block)
+        samples.append((offset, sha256(block).digest()))
+    return ArchiveStats(
+        size=st.st_size, mtime_ns=st.st_mtime_ns, fingerprint=digest.hexdigest()[:32], samples=tuple(samples)
+    )
+
+
+def samples_unchanged(fd: int, stats: ArchiveStats, end: int) -> bool:
+    """Whether the blocks of ``stats.samples`` that lie before byte ``end`` still hold what they
+    held (the blocks from ``end`` on are not compared); False when there are none to compare."""
+    compared = [(offset, digest) for offset, digest in stats.samples if offset + SAMPLE <= end]
+    return bool(compared) and all(sha256(os.pread(fd, SAMPLE, offset)).digest() == sha for offset, sha in compared)

@@ -13,7 +13,7 @@ import io
 import os
 import stat
 import threading
-from typing import Optional, Protocol, Sequence, Tuple
+from typing import Callable, Optional, Protocol, Sequence, Tuple
 
 
 class RandomAccessReader(Protocol):
@@ -223,9 +223,13 @@ class MemberFile(io.RawIOBase):
         size: int,
         sparse: Optional[Sequence[Extent]] = None,
         name: str = "",
+        guard: Optional[Callable[[], None]] = None,
     ) -> None:
         super().__init__()
         self._reader = reader
+        #: Called before every read; raises when the data may no longer be read (see
+        #: ``sources/watch.py``).
+        self._guard = guard
         self._offset = data_offset
         self._size = size
         self._pos = 0
@@ -257,6 +261,8 @@ class MemberFile(io.RawIOBase):
         """Read without touching the handle's position (used by FUSE)."""
         if offset >= self._size or size <= 0:
             return b""
+        if self._guard is not None:
+            self._guard()
         size = min(size, self._size - offset)
         if not self._extents:
             data = self._reader.pread(self._offset + offset, size)
@@ -269,6 +275,8 @@ class MemberFile(io.RawIOBase):
         """Like ``pread`` into ``view`` (used by FUSE to fill libfuse's buffer directly)."""
         if offset >= self._size or not len(view):
             return 0
+        if self._guard is not None:
+            self._guard()
         size = min(len(view), self._size - offset)
         if self._extents:
             data = self._pread_sparse(offset, size)

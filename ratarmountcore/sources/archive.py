@@ -6,7 +6,7 @@ import logging
 import os
 import stat
 import threading
-from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from ..errors import ArchiveError, InvalidIndexError, NotFoundError, RatarmountError
 from ..formats import FormatId
@@ -19,6 +19,7 @@ from ..options import CompressionOptions, OpenOptions
 from ..tar.indexing import NamespacedSeekPoints, index_tar, open_nested_compressed
 from ..tar.sample import tell_member_size
 from .base import VERSIONS_SUFFIX, FileInfo, MountSource, StatRow
+from .watch import ArchiveWatch
 
 logger = logging.getLogger(__name__)
 
@@ -84,10 +85,12 @@ class ArchiveSource(MountSource):
         index: IndexReader,
         owner: Tuple[int, int],
         compression: Optional[CompressionOptions] = None,
+        watch: Optional[ArchiveWatch] = None,
     ) -> None:
         self.path = path
         self._reader = reader
         self._index = index
+        self._guard: Optional[Callable[[], None]] = watch.check if watch is not None else None
         self._compression = compression or CompressionOptions()
         self._nested: Dict[int, RandomAccessReader] = {}
         self._nested_lock = threading.Lock()
@@ -199,8 +202,11 @@ class ArchiveSource(MountSource):
         locator = info.locator
         if not isinstance(locator, ArchiveLocator):
             raise NotFoundError(2, "not a file of this archive")
+        guard = self._guard
+        if guard is not None:
+            guard()
         reader = self._reader if locator.source == 0 else self._nested_reader(locator.source)
-        return MemberFile(reader, locator.offset, info.size, unpack_sparse(locator.sparse))
+        return MemberFile(reader, locator.offset, info.size, unpack_sparse(locator.sparse), guard=guard)
 
     def will_read(self, info: FileInfo) -> None:
         locator = info.locator
@@ -283,7 +289,8 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
                 from .single_file import open_single_file
 
                 build_options["layout"] = "single_file"
-                return open_single_file(path, compressed, stats, owner, options, build_options, file_mode)
+                watch = ArchiveWatch(path, plain.fd, stats)
+                return open_single_file(path, compressed, stats, owner, options, build_options, file_mode, watch)
             build_options["layout"] = "tar"
 
         def build(writer: IndexWriter) -> None:
@@ -308,7 +315,7 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
             except BaseException:
                 index.close()
                 raise
-        return ArchiveSource(path, reader, index, owner, options.compression)
+        return ArchiveSource(path, reader, index, owner, options.compression, ArchiveWatch(path, plain.fd, stats))
     except ArchiveError as exc:
         reader.close()  # a compressed reader closes its worker threads (and the plain file)
         plain.close()

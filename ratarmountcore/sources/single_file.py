@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Callable, Dict, Iterable, Optional, Tuple
 
 from ..compression.base import CompressedReader
 from ..errors import InvalidIndexError, NotFoundError
@@ -21,6 +21,7 @@ from ..io.readers import MemberFile
 from ..options import OpenOptions
 from ..tar.scanner import KIND_FILE, MemberRecord
 from .base import FileInfo, MountSource
+from .watch import ArchiveWatch
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +77,17 @@ def single_file_record(
 class SingleFileSource(MountSource):
     """A root folder holding one file: the decompressed content."""
 
-    def __init__(self, path: str, reader: CompressedReader, index: IndexReader, info: FileInfo, name: str) -> None:
+    def __init__(
+        self,
+        path: str,
+        reader: CompressedReader,
+        index: IndexReader,
+        info: FileInfo,
+        name: str,
+        watch: Optional[ArchiveWatch] = None,
+    ) -> None:
         self.path = path
+        self._guard: Optional[Callable[[], None]] = watch.check if watch is not None else None
         self.name = name
         self._reader = reader
         self._index = index
@@ -103,7 +113,9 @@ class SingleFileSource(MountSource):
     def open_info(self, info: FileInfo) -> MemberFile:
         if info is not self._info and info != self._info:
             raise NotFoundError(2, "not a file of this archive")
-        return MemberFile(self._reader, 0, self._info.size, name=self.name)
+        if self._guard is not None:
+            self._guard()
+        return MemberFile(self._reader, 0, self._info.size, name=self.name, guard=self._guard)
 
     def statfs(self) -> Dict[str, int]:
         return {
@@ -131,6 +143,7 @@ def open_single_file(
     options: OpenOptions,
     build_options: Dict[str, str],
     archive_mode: int,
+    watch: Optional[ArchiveWatch] = None,
 ) -> SingleFileSource:
     """Index (first time: decompress once to learn the size and seek points) and open."""
     from .archive import row_to_info
@@ -151,4 +164,4 @@ def open_single_file(
     except BaseException:
         index.close()
         raise
-    return SingleFileSource(path, reader, index, info, name)
+    return SingleFileSource(path, reader, index, info, name, watch)

@@ -1,0 +1,107 @@
+"""Whether an archive still holds what its index describes, while it is mounted.
+
+Reads of an uncompressed tar are plain ``pread`` calls at the offsets the index recorded. If the
+archive is rewritten in place while mounted (``tar -cf`` to the same name truncates and reuses
+the file), those offsets point into the new content and would return wrong bytes without any
+error (compressed archives fail their checksums instead, with a less telling message). So a file
+open (and a read, for the low-level front-end without OPEN messages) first asks the archive's
+``ArchiveWatch``, which looks at the file's size and modification time at most once per
+``CHECK_INTERVAL`` (one ``fstat``; cheap on a parallel file system too):
+
+- unchanged: nothing to do;
+- same size, new modification time (``touch``, a copy that kept the bytes): the blocks sampled for
+  the fingerprint when it was opened are read again; the same bytes mean the same archive;
+- larger (``tar -r``, ``cat more.gz >> a.gz``): the sampled blocks before the old end's last
+  ``APPEND_TAIL`` bytes (where tar overwrites its end-of-archive blocks) must be unchanged; the old
+  members are still where the index says, the new ones show after mounting again (an archive too
+  small to have such blocks counts as changed);
+- anything else (smaller, or a sampled block differs): changed. That is logged once, and every
+  later open or read of the archive's files fails with ``ArchiveChangedError`` (EIO) until it is
+  mounted again.
+
+Replacing the archive by renaming a new file over it changes nothing for the mount: it keeps
+reading the file it opened. Within one interval after a change, reads may still be served; the
+kernel's page cache also keeps serving what it read before (the old, consistent content).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Optional
+
+from ..errors import ArchiveChangedError
+from ..index.fingerprint import ArchiveStats, samples_unchanged
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two looks at the archive file.
+CHECK_INTERVAL = 1.0
+#: Bytes at the old end of a grown archive whose sampled blocks may differ (tar's two end
+#: blocks and the padding of its last 10 KiB record are overwritten by appended members).
+APPEND_TAIL = 20 * 1024
+
+
+class ArchiveWatch:
+    """Tells whether the archive file behind ``fd`` (opened as ``stats`` describe it) still
+    holds what it held then."""
+
+    def __init__(self, path: str, fd: int, stats: ArchiveStats) -> None:
+        self.path = path
+        self._fd = fd
+        self._stats = stats
+        self._size = stats.size
+        self._mtime_ns = stats.mtime_ns
+        self._lock = threading.Lock()
+        self._next = time.monotonic() + CHECK_INTERVAL
+        self._changed: Optional[str] = None
+
+    def check(self) -> None:
+        """Raise ``ArchiveChangedError`` if the archive changed (looks at most once per interval)."""
+        if self._changed is None:
+            now = time.monotonic()
+            if now < self._next:
+                return
+            with self._lock:
+                if self._changed is None and now >= self._next:
+                    self._changed = self._compare()
+                    self._next = time.monotonic() + CHECK_INTERVAL
+                    if self._changed is not None:
+                        logger.error(
+                            "%s: changed since it was mounted (%s); its files fail with EIO until it is mounted again",
+                            self.path, self._changed,
+                        )  # fmt: skip
+            if self._changed is None:
+                return
+        raise ArchiveChangedError(f"{self.path}: changed since it was mounted ({self._changed}); mount it again")
+
+    def _compare(self) -> Optional[str]:
+        """None when the archive still holds what it held, else why not."""
+        try:
+            st = os.fstat(self._fd)
+        except OSError as exc:
+            return f"cannot stat it: {exc.strerror}"
+        if st.st_size == self._size and st.st_mtime_ns == self._mtime_ns:
+            return None
+        old = self._stats.size
+        if st.st_size < old:
+            return f"it shrank from {old} to {st.st_size} bytes"
+        end = old if st.st_size == old else old - APPEND_TAIL
+        try:
+            same = samples_unchanged(self._fd, self._stats, end)
+        except OSError as exc:
+            return f"cannot read it: {exc.strerror}"
+        if not same:
+            grown = f", and it grew from {old} to {st.st_size} bytes" if st.st_size != old else ""
+            return f"its content differs{grown}"
+        if st.st_size != self._size:
+            logger.warning(
+                "%s: grew from %d to %d bytes since it was mounted (appended to); what was added shows "
+                "once it is mounted again", self.path, old, st.st_size,
+            )  # fmt: skip
+        else:
+            logger.info("%s: modification time changed since it was mounted; content unchanged", self.path)
+        self._size, self._mtime_ns = st.st_size, st.st_mtime_ns
+        return None

@@ -1,0 +1,185 @@
+"""An archive that changes while mounted: never a wrong byte (see ratarmountcore/sources/watch.py).
+
+The archives are rewritten in place (same file, as ``tar -cf`` to the same name does), touched,
+appended to with GNU tar, and replaced by a rename; through the Python API (with the look-again
+interval set to 0) and through a real mount (with the real interval).
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+from typing import Dict
+
+import pytest
+from conftest import Mounter
+
+import ratarmountcore
+from ratarmountcore.errors import ArchiveChangedError
+from ratarmountcore.sources import watch
+
+# Large enough that the fingerprint samples blocks all over it (16 samples of 16 KiB).
+FILES = {f"d{i % 4}/f{i:03d}.bin": bytes([i % 251]) * (3000 + 37 * i) for i in range(160)}
+OTHER = {name: bytes([(i + 7) % 251]) * len(data) for i, (name, data) in enumerate(FILES.items())}
+
+
+def tar_image(files: Dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = 1_700_000_000
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def rewrite_in_place(path: Path, data: bytes) -> None:
+    """Truncate and write the same file (same inode), as ``tar -cf`` to an existing name does."""
+    inode = path.stat().st_ino
+    with open(path, "r+b") as f:
+        f.truncate(0)
+        f.write(data)
+    assert path.stat().st_ino == inode
+
+
+@pytest.fixture
+def now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Look at the archive on every open and read."""
+    monkeypatch.setattr(watch, "CHECK_INTERVAL", 0.0)
+
+
+def read(source: ratarmountcore.MountSource, name: str) -> bytes:
+    with source.open("/" + name) as f:
+        return f.read()  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("compress", [False, True], ids=["tar", "tar.gz"])
+def test_rewritten_in_place_fails_with_eio_naming_the_archive(
+    tmp_path: Path, now: None, compress: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    archive = tmp_path / ("data.tar.gz" if compress else "data.tar")
+    image = tar_image(FILES)
+    archive.write_bytes(gzip.compress(image, mtime=0) if compress else image)
+    with ratarmountcore.open(str(archive)) as source:
+        first = sorted(FILES)[0]
+        assert read(source, first) == FILES[first]
+        handle = source.open("/" + sorted(FILES)[1])
+        other = tar_image(OTHER)
+        rewrite_in_place(archive, gzip.compress(other, mtime=0) if compress else other)
+        os.utime(archive, ns=(time.time_ns(), time.time_ns()))
+        for name in sorted(FILES)[2:5]:
+            with pytest.raises(ArchiveChangedError) as caught:
+                read(source, name)
+            assert caught.value.errno == errno.EIO
+            assert str(archive) in str(caught.value) and "changed since it was mounted" in str(caught.value)
+        with pytest.raises(OSError) as also:  # a handle opened before the change
+            handle.read()
+        assert also.value.errno == errno.EIO
+        handle.close()
+    changed = [r for r in caplog.records if "changed since it was mounted" in r.getMessage()]
+    assert len(changed) == 1, "logged once, not for every read"
+
+
+def test_touched_archive_keeps_serving(tmp_path: Path, now: None) -> None:
+    archive = tmp_path / "data.tar"
+    archive.write_bytes(tar_image(FILES))
+    with ratarmountcore.open(str(archive)) as source:
+        os.utime(archive, ns=(1, 1))
+        for name in sorted(FILES)[:10]:
+            assert read(source, name) == FILES[name]
+
+
+def test_same_size_other_bytes_is_a_change(tmp_path: Path, now: None) -> None:
+    archive = tmp_path / "data.tar"
+    archive.write_bytes(tar_image(FILES))
+    with ratarmountcore.open(str(archive)) as source:
+        image = bytearray(tar_image(FILES))
+        image[:16] = b"X" * 16  # the first sampled block; size and inode stay the same
+        rewrite_in_place(archive, bytes(image))
+        os.utime(archive, ns=(1, 1))
+        with pytest.raises(ArchiveChangedError, match="content differs"):
+            read(source, sorted(FILES)[0])
+
+
+def test_shrunk_archive_is_a_change(tmp_path: Path, now: None) -> None:
+    archive = tmp_path / "data.tar"
+    archive.write_bytes(tar_image(FILES))
+    with ratarmountcore.open(str(archive)) as source:
+        with open(archive, "r+b") as f:
+            f.truncate(archive.stat().st_size // 2)
+        with pytest.raises(ArchiveChangedError, match="shrank"):
+            read(source, sorted(FILES)[0])
+
+
+@pytest.mark.skipif(shutil.which("tar") is None, reason="needs GNU tar")
+def test_appended_with_gnu_tar_keeps_serving_the_old_members(tmp_path: Path, now: None) -> None:
+    archive = tmp_path / "data.tar"
+    archive.write_bytes(tar_image(FILES))
+    extra = tmp_path / "new.txt"
+    extra.write_bytes(b"appended\n" * 5000)
+    with ratarmountcore.open(str(archive)) as source:
+        size = archive.stat().st_size
+        subprocess.run(["tar", "-rf", str(archive), "-C", str(tmp_path), "new.txt"], check=True)
+        assert archive.stat().st_size > size
+        for name in sorted(FILES):
+            assert read(source, name) == FILES[name]
+        assert not source.exists("/new.txt")  # shows after mounting again
+    with ratarmountcore.open(str(archive)) as again:
+        assert read(again, "new.txt") == extra.read_bytes()
+
+
+def test_replaced_by_rename_keeps_serving_what_was_opened(tmp_path: Path, now: None) -> None:
+    archive = tmp_path / "data.tar"
+    archive.write_bytes(tar_image(FILES))
+    with ratarmountcore.open(str(archive)) as source:
+        fresh = tmp_path / "fresh.tar"
+        fresh.write_bytes(tar_image(OTHER))
+        os.replace(fresh, archive)
+        for name in sorted(FILES)[:10]:
+            assert read(source, name) == FILES[name]
+
+
+def test_looks_at_most_once_per_interval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    archive = tmp_path / "data.tar"
+    archive.write_bytes(tar_image(FILES))
+    calls = []
+    real_fstat = os.fstat
+
+    def counting_fstat(fd: int) -> os.stat_result:
+        calls.append(fd)
+        return real_fstat(fd)
+
+    monkeypatch.setattr(watch, "CHECK_INTERVAL", 3600.0)
+    with ratarmountcore.open(str(archive)) as source:
+        monkeypatch.setattr(watch.os, "fstat", counting_fstat)
+        for name in sorted(FILES):
+            read(source, name)
+        assert calls == []  # not yet due
+        monkeypatch.setattr(watch, "CHECK_INTERVAL", 0.0)
+        source._guard.__self__._next = 0.0  # type: ignore[attr-defined]  # due now
+        read(source, sorted(FILES)[0])
+        assert len(calls) == 2  # the open and the read
+
+
+def test_mount_of_a_rewritten_archive_answers_eio(mounter: Mounter, tmp_path: Path) -> None:
+    archive = tmp_path / "data.tar"
+    archive.write_bytes(tar_image(FILES))
+    mountpoint = mounter.mount(archive)
+    names = sorted(FILES)
+    assert (mountpoint / names[0]).read_bytes() == FILES[names[0]]
+    rewrite_in_place(archive, tar_image(OTHER))
+    os.utime(archive, ns=(time.time_ns(), time.time_ns()))
+    time.sleep(watch.CHECK_INTERVAL + 0.2)
+    for name in names[1:4]:  # not read before: not in the kernel's page cache
+        with pytest.raises(OSError) as caught:
+            (mountpoint / name).read_bytes()
+        assert caught.value.errno == errno.EIO
+    assert (mountpoint / names[0]).read_bytes() == FILES[names[0]]  # cached before: the old bytes
