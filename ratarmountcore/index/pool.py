@@ -4,14 +4,25 @@ libfuse starts and retires worker threads as load changes, and opening an SQLite
 about a millisecond, so connections are not tied to threads: a query borrows an idle connection
 (or opens one when all are busy) and gives it back. The pool never holds more connections than
 there were concurrent queries.
+
+Connections are opened by path, so one opened later would read whatever file is at the path by
+then: after another node rebuilt the index and renamed it into place (for an archive that was
+replaced by a new version, while this mount keeps the old one open), a new connection would
+answer with the new archive's offsets. So every connection checks that the file it opened is the
+one the first connection opened (device and inode); when it is not, or when the file is gone, it
+is closed, a warning says so once, and queries go on through the connections opened before,
+waiting for an idle one.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
-from typing import Any, List
+from typing import Any, List, Optional, Tuple
+
+logger = logging.getLogger(__name__)
 
 #: Bytes a file URI carries as they are (RFC 3986's unreserved characters, and the slash).
 _URI_PLAIN = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~/")
@@ -35,26 +46,80 @@ class ConnectionPool:
         self._idle: List[sqlite3.Connection] = []
         self._all: List[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        self._returned = threading.Condition(self._lock)
+        #: (device, inode) of the file the first connection opened.
+        self._identity: Optional[Tuple[int, int]] = None
+        #: Set once the file at ``path`` is no longer the one first opened: no new connections.
+        self._replaced = False
 
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(read_only_uri(self.path), uri=True, check_same_thread=False, isolation_level=None)
-        conn.execute("PRAGMA cache_size=-1000")
-        conn.execute("PRAGMA query_only=1")
+    def _connect(self) -> Optional[sqlite3.Connection]:
+        """A new connection to the file first opened, or None when the path names another now."""
+        try:
+            conn = sqlite3.connect(read_only_uri(self.path), uri=True, check_same_thread=False, isolation_level=None)
+        except sqlite3.Error:
+            if self._identity is None:
+                raise
+            self._gone("cannot be opened again")
+            return None
+        try:
+            conn.execute("PRAGMA cache_size=-1000")
+            conn.execute("PRAGMA query_only=1")
+            conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # the file is open now
+            st = os.stat(self.path)
+        except (sqlite3.Error, OSError):
+            conn.close()
+            if self._identity is None:
+                raise
+            self._gone("cannot be read again")
+            return None
+        identity = (st.st_dev, st.st_ino)
         with self._lock:
+            if self._identity is None:
+                self._identity = identity
+            elif identity != self._identity:
+                conn.close()
+                self._gone_locked("was replaced by another file")
+                return None
             self._all.append(conn)
         return conn
 
-    def query(self, sql: str, params: tuple = (), one: bool = False) -> Any:
+    def _gone(self, why: str) -> None:
         with self._lock:
-            conn = self._idle.pop() if self._idle else None
-        if conn is None:
+            self._gone_locked(why)
+
+    def _gone_locked(self, why: str) -> None:
+        if not self._replaced:
+            self._replaced = True
+            logger.warning(
+                "%s %s while in use; reads go on through the %d connection(s) opened before (mount again to use it)",
+                self.path, why, len(self._all),
+            )  # fmt: skip
+
+    def _borrow(self) -> sqlite3.Connection:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+            replaced = self._replaced and bool(self._all)
+        if not replaced:
             conn = self._connect()
+            if conn is not None:
+                return conn
+        with self._lock:
+            if not self._all:
+                raise sqlite3.OperationalError(f"{self.path}: no connection to the index is left")
+            while not self._idle:
+                self._returned.wait()
+            return self._idle.pop()
+
+    def query(self, sql: str, params: tuple = (), one: bool = False) -> Any:
+        conn = self._borrow()
         try:
             cursor = conn.execute(sql, params)
             return cursor.fetchone() if one else cursor.fetchall()
         finally:
             with self._lock:
                 self._idle.append(conn)
+                self._returned.notify()
 
     @property
     def connection_count(self) -> int:
