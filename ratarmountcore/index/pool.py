@@ -105,9 +105,9 @@ class ConnectionPool:
             if conn is not None:
                 return conn
         with self._lock:
-            if not self._all:
-                raise sqlite3.OperationalError(f"{self.path}: no connection to the index is left")
             while not self._idle:
+                if not self._all:  # (closed meanwhile)
+                    raise sqlite3.OperationalError(f"{self.path}: no connection to the index is left")
                 self._returned.wait()
             return self._idle.pop()
 
@@ -118,8 +118,9 @@ class ConnectionPool:
             return cursor.fetchone() if one else cursor.fetchall()
         finally:
             with self._lock:
-                self._idle.append(conn)
-                self._returned.notify()
+                if conn in self._all:  # (not when the pool was closed meanwhile)
+                    self._idle.append(conn)
+                    self._returned.notify()
 
     @property
     def connection_count(self) -> int:
@@ -131,3 +132,4 @@ class ConnectionPool:
                 conn.close()
             self._all.clear()
             self._idle.clear()
+            self._returned.notify_all()
