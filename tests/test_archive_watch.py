@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import errno
 import gzip
-import io
 import os
 import shutil
 import subprocess
-import tarfile
 import time
 from pathlib import Path
-from typing import Dict
 
 import pytest
-from conftest import Mounter
+from conftest import Mounter, tar_bytes
 
 import ratarmountcore
 from ratarmountcore.errors import ArchiveChangedError
@@ -28,17 +25,6 @@ from ratarmountcore.sources import watch
 # Large enough that the fingerprint samples blocks all over it (16 samples of 16 KiB).
 FILES = {f"d{i % 4}/f{i:03d}.bin": bytes([i % 251]) * (3000 + 37 * i) for i in range(160)}
 OTHER = {name: bytes([(i + 7) % 251]) * len(data) for i, (name, data) in enumerate(FILES.items())}
-
-
-def tar_image(files: Dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mtime = 1_700_000_000
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 def rewrite_in_place(path: Path, data: bytes) -> None:
@@ -66,13 +52,13 @@ def test_rewritten_in_place_fails_with_eio_naming_the_archive(
     tmp_path: Path, now: None, compress: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     archive = tmp_path / ("data.tar.gz" if compress else "data.tar")
-    image = tar_image(FILES)
+    image = tar_bytes(FILES)
     archive.write_bytes(gzip.compress(image, mtime=0) if compress else image)
     with ratarmountcore.open(str(archive)) as source:
         first = sorted(FILES)[0]
         assert read(source, first) == FILES[first]
         handle = source.open("/" + sorted(FILES)[1])
-        other = tar_image(OTHER)
+        other = tar_bytes(OTHER)
         rewrite_in_place(archive, gzip.compress(other, mtime=0) if compress else other)
         os.utime(archive, ns=(time.time_ns(), time.time_ns()))
         for name in sorted(FILES)[2:5]:
@@ -90,7 +76,7 @@ def test_rewritten_in_place_fails_with_eio_naming_the_archive(
 
 def test_touched_archive_keeps_serving(tmp_path: Path, now: None) -> None:
     archive = tmp_path / "data.tar"
-    archive.write_bytes(tar_image(FILES))
+    archive.write_bytes(tar_bytes(FILES))
     with ratarmountcore.open(str(archive)) as source:
         os.utime(archive, ns=(1, 1))
         for name in sorted(FILES)[:10]:
@@ -99,9 +85,9 @@ def test_touched_archive_keeps_serving(tmp_path: Path, now: None) -> None:
 
 def test_same_size_other_bytes_is_a_change(tmp_path: Path, now: None) -> None:
     archive = tmp_path / "data.tar"
-    archive.write_bytes(tar_image(FILES))
+    archive.write_bytes(tar_bytes(FILES))
     with ratarmountcore.open(str(archive)) as source:
-        image = bytearray(tar_image(FILES))
+        image = bytearray(tar_bytes(FILES))
         image[:16] = b"X" * 16  # the first sampled block; size and inode stay the same
         rewrite_in_place(archive, bytes(image))
         os.utime(archive, ns=(1, 1))
@@ -111,7 +97,7 @@ def test_same_size_other_bytes_is_a_change(tmp_path: Path, now: None) -> None:
 
 def test_shrunk_archive_is_a_change(tmp_path: Path, now: None) -> None:
     archive = tmp_path / "data.tar"
-    archive.write_bytes(tar_image(FILES))
+    archive.write_bytes(tar_bytes(FILES))
     with ratarmountcore.open(str(archive)) as source:
         with open(archive, "r+b") as f:
             f.truncate(archive.stat().st_size // 2)
@@ -122,7 +108,7 @@ def test_shrunk_archive_is_a_change(tmp_path: Path, now: None) -> None:
 @pytest.mark.skipif(shutil.which("tar") is None, reason="needs GNU tar")
 def test_appended_with_gnu_tar_keeps_serving_the_old_members(tmp_path: Path, now: None) -> None:
     archive = tmp_path / "data.tar"
-    archive.write_bytes(tar_image(FILES))
+    archive.write_bytes(tar_bytes(FILES))
     extra = tmp_path / "new.txt"
     extra.write_bytes(b"appended\n" * 5000)
     with ratarmountcore.open(str(archive)) as source:
@@ -138,10 +124,10 @@ def test_appended_with_gnu_tar_keeps_serving_the_old_members(tmp_path: Path, now
 
 def test_replaced_by_rename_keeps_serving_what_was_opened(tmp_path: Path, now: None) -> None:
     archive = tmp_path / "data.tar"
-    archive.write_bytes(tar_image(FILES))
+    archive.write_bytes(tar_bytes(FILES))
     with ratarmountcore.open(str(archive)) as source:
         fresh = tmp_path / "fresh.tar"
-        fresh.write_bytes(tar_image(OTHER))
+        fresh.write_bytes(tar_bytes(OTHER))
         os.replace(fresh, archive)
         for name in sorted(FILES)[:10]:
             assert read(source, name) == FILES[name]
@@ -149,7 +135,7 @@ def test_replaced_by_rename_keeps_serving_what_was_opened(tmp_path: Path, now: N
 
 def test_looks_at_most_once_per_interval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     archive = tmp_path / "data.tar"
-    archive.write_bytes(tar_image(FILES))
+    archive.write_bytes(tar_bytes(FILES))
     calls = []
     real_fstat = os.fstat
 
@@ -171,11 +157,11 @@ def test_looks_at_most_once_per_interval(tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_mount_of_a_rewritten_archive_answers_eio(mounter: Mounter, tmp_path: Path) -> None:
     archive = tmp_path / "data.tar"
-    archive.write_bytes(tar_image(FILES))
+    archive.write_bytes(tar_bytes(FILES))
     mountpoint = mounter.mount(archive)
     names = sorted(FILES)
     assert (mountpoint / names[0]).read_bytes() == FILES[names[0]]
-    rewrite_in_place(archive, tar_image(OTHER))
+    rewrite_in_place(archive, tar_bytes(OTHER))
     os.utime(archive, ns=(time.time_ns(), time.time_ns()))
     time.sleep(watch.CHECK_INTERVAL + 0.2)
     for name in names[1:4]:  # not read before: not in the kernel's page cache

@@ -7,16 +7,15 @@ connections as more threads read at once (see ratarmountcore/index/pool.py).
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import sqlite3
-import tarfile
 import threading
 from pathlib import Path
-from typing import Dict, List
+from typing import List
 
 import pytest
+from conftest import tar_bytes
 
 import ratarmountcore
 from ratarmountcore.index.pool import ConnectionPool
@@ -98,21 +97,11 @@ def test_unchanged_file_gets_a_connection_per_concurrent_query(tmp_path: Path) -
     pool.close()
 
 
-def tar_image(files: Dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
 def test_archive_and_index_replaced_by_a_new_version_keep_serving_the_old_bytes(tmp_path: Path) -> None:
     old = {f"d/f{i:02d}": bytes([i]) * (1000 + 100 * i) for i in range(40)}
     new = {f"d/f{i:02d}": bytes([200 - i]) * (1000 + 101 * (40 - i)) for i in range(40)}  # other offsets
     archive = tmp_path / "data.tar"
-    archive.write_bytes(tar_image(old))
+    archive.write_bytes(tar_bytes(old))
     with ratarmountcore.open(str(archive)) as source:
         index = Path(source.index_path)  # type: ignore[attr-defined]
         first = sorted(old)[0]
@@ -121,7 +110,7 @@ def test_archive_and_index_replaced_by_a_new_version_keep_serving_the_old_bytes(
         # Another node: the new version renamed over the archive, its index built and renamed
         # into place beside it.
         fresh = tmp_path / "fresh.tar"
-        fresh.write_bytes(tar_image(new))
+        fresh.write_bytes(tar_bytes(new))
         os.replace(fresh, archive)
         with ratarmountcore.open(str(archive)) as other:
             assert Path(other.index_path) == index  # type: ignore[attr-defined]
