@@ -155,10 +155,11 @@ def test_looks_at_most_once_per_interval(tmp_path: Path, monkeypatch: pytest.Mon
         assert len(calls) == 2  # the open and the read
 
 
-def test_mount_of_a_rewritten_archive_answers_eio(mounter: Mounter, tmp_path: Path) -> None:
+@pytest.mark.parametrize("api", ["low", "high"])
+def test_mount_of_a_rewritten_archive_answers_eio(mounter: Mounter, tmp_path: Path, api: str) -> None:
     archive = tmp_path / "data.tar"
     archive.write_bytes(tar_bytes(FILES))
-    mountpoint = mounter.mount(archive)
+    mountpoint = mounter.mount(archive, extra=["--fuse-api", api])
     names = sorted(FILES)
     assert (mountpoint / names[0]).read_bytes() == FILES[names[0]]
     rewrite_in_place(archive, tar_bytes(OTHER))
