@@ -34,6 +34,8 @@ class MountOptions:
     fuse_api: str = "auto"
     #: Create the mount point if it does not exist (it was derived from the archive's name).
     create_mountpoint: bool = False
+    #: Append the log here (else, once in the background, to the system log; see daemon_log.py).
+    log_file: Optional[str] = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", "low", "high"],
         default="auto",
         help="libfuse API: low-level (libfuse 3, the default when available) or high-level (mfusepy)",
+    )
+    parser.add_argument(
+        "--log-file",
+        metavar="PATH",
+        help="append warnings and errors (with -d: debug messages) to PATH; without it a mount in the "
+        "background logs them to the system log (journalctl -t ratarmount)",
     )
     parser.add_argument("--version", action="store_true", help="print versions of ratarmount and its backends")
     parser.add_argument(
@@ -193,6 +201,7 @@ def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         read_ahead_kib=args.read_ahead,
         fuse_api=args.fuse_api,
         create_mountpoint=create,
+        log_file=os.path.abspath(args.log_file) if args.log_file else None,
     )
 
 
@@ -308,6 +317,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             unmount(args.unmount)
             return 0
         options = to_mount_options(args, parser)
+        if options.log_file:
+            from .daemon_log import add_log_file
+
+            add_log_file(options.log_file)
         from .mount import mount
 
         return mount(options)

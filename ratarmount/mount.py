@@ -20,6 +20,7 @@ from ratarmountcore.errors import RatarmountError
 from ratarmountcore.sources.factory import open_source
 
 from .cli import MountOptions, check_mountpoint
+from .daemon_log import route_background_logs
 from .workers import default_max_threads
 
 logger = logging.getLogger(__name__)
@@ -264,6 +265,7 @@ def _daemonize(options: MountOptions, remove_mountpoint: bool = False) -> int:
                 return
             if options.debug == 0:
                 _detach_stdio()
+                route_background_logs(to_file=options.log_file is not None)
             os.close(write_end)
 
         def on_ready() -> None:

@@ -1,0 +1,92 @@
+"""What a mount in the background finds while serving reaches a log (see ratarmount/daemon_log.py)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Mounter, run_ratarmount, tar_bytes
+
+from ratarmount.daemon_log import route_background_logs
+
+FILES = {f"d/f{i:03d}.bin": bytes([i]) * (4000 + 97 * i) for i in range(120)}
+OTHER = {name: bytes([255 - i]) * len(data) for i, (name, data) in enumerate(FILES.items())}
+
+
+def test_background_mount_writes_what_it_finds_to_the_log_file(mounter: Mounter, tmp_path: Path) -> None:
+    archive = tmp_path / "data.tar"
+    archive.write_bytes(tar_bytes(FILES))
+    log = tmp_path / "mount.log"
+    mountpoint = mounter.mount(archive, extra=["--log-file", str(log)])
+    with open(archive, "r+b") as f:  # rewritten in place while mounted
+        f.truncate(0)
+        f.write(tar_bytes(OTHER))
+    time.sleep(1.2)  # (the mount looks at the archive at most once a second)
+    for name in sorted(FILES)[:3]:
+        with pytest.raises(OSError) as caught:
+            (mountpoint / name).read_bytes()
+        assert caught.value.errno == errno.EIO
+    lines: list = []
+    for _ in range(40):
+        lines = [line for line in log.read_text().splitlines() if "changed since it was mounted" in line]
+        if lines:
+            break
+        time.sleep(0.05)
+    assert len(lines) == 1, log.read_text()
+    assert str(archive) in lines[0] and "ratarmount[" in lines[0] and "ERROR" in lines[0]
+
+
+def test_unwritable_log_file_is_a_one_line_error(tmp_path: Path) -> None:
+    archive = tmp_path / "data.tar"
+    archive.write_bytes(tar_bytes(FILES))
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    result = run_ratarmount("--log-file", str(tmp_path / "missing" / "mount.log"), str(archive), str(mountpoint))
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0 and "cannot write the log file" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not os.path.ismount(mountpoint)
+
+
+@pytest.fixture
+def root_handlers() -> object:
+    root = logging.getLogger()
+    saved = list(root.handlers)
+    yield root
+    for handler in list(root.handlers):
+        if handler not in saved:
+            root.removeHandler(handler)
+            handler.close()
+    for handler in saved:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+
+
+def test_detached_daemon_logs_to_the_system_log(tmp_path: Path, root_handlers: logging.Logger) -> None:
+    address = str(tmp_path / "log")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(address)
+    server.settimeout(5)
+    try:
+        stderr_handler = logging.StreamHandler(sys.stderr)
+        root_handlers.addHandler(stderr_handler)
+        added = route_background_logs(to_file=False, syslog_address=address)
+        assert added is not None
+        assert stderr_handler not in root_handlers.handlers  # (its stderr is /dev/null now)
+        logging.getLogger("ratarmountcore.sources.watch").error("%s: changed since it was mounted", "/a.tar")
+        message = server.recv(4096)
+    finally:
+        server.close()
+    assert message.startswith(b"<27>")  # facility daemon (3), severity error (3)
+    assert b"ratarmount[%d]: " % os.getpid() in message and b"/a.tar: changed since it was mounted" in message
+
+
+def test_no_system_log_without_its_socket(tmp_path: Path, root_handlers: logging.Logger) -> None:
+    assert route_background_logs(to_file=False, syslog_address=str(tmp_path / "absent")) is None
+    assert route_background_logs(to_file=True, syslog_address=str(tmp_path / "absent")) is None
