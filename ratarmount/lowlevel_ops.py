@@ -21,8 +21,9 @@ import logging
 import os
 import stat
 import threading
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
+from ratarmountcore.errors import RatarmountError
 from ratarmountcore.index.folder_rows import RecentFolders
 from ratarmountcore.sources.base import VERSIONS_SUFFIX, FileInfo, MountSource, StatRow
 
@@ -30,6 +31,8 @@ from . import kernel_abi as abi
 from .folder_prefetch import FOLDER_MAX, FolderPrefetcher
 from .inodes import ROOT_ID, InodeTable, StaleNodeError
 from .open_files import OpenFiles
+from .paged_listing import CHUNK as LISTING_CHUNK
+from .paged_listing import PagedListing
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +65,8 @@ Entry = Tuple[FileInfo, bytes]  # info, packed struct fuse_attr
 #: name, path (when the node id comes from the table), info (None when the record was made from
 #: a ``StatRow``), READDIRPLUS record (when known)
 Listed = Tuple[bytes, str, Optional[FileInfo], bytes]
+#: A folder's listing: all its entries, or a large folder's a part at a time.
+Listing = Union[List[Listed], "PagedListing[Listed]"]
 #: Marks a folder whose LOOKUP replies are not cached (too large, or entries without inodes).
 _NOT_CACHED: Dict[bytes, Tuple[int, bytes, Tuple[str, "Entry"]]] = {}
 
@@ -91,13 +96,16 @@ class LowLevelOperations:
         # inode number, nothing to remember); entries without one, and all entries of other
         # sources, get ids from the table.
         self._stable = type(source).by_ino is not MountSource.by_ino
+        #: Whether the source lists a folder a part at a time by itself (large folders are then
+        #: listed so, see paged_listing.py).
+        self._paged = type(source).list_stat_rows_after is not MountSource.list_stat_rows_after
         self.nodes = InodeTable(first=STABLE_LIMIT if self._stable else ROOT_ID + 1)
         self.files = OpenFiles(source)
-        self._listings: Dict[int, List[Listed]] = {}
+        self._listings: Dict[int, Listing] = {}
         self._next_handle = itertools.count(1)
         self.no_open = False
         self.no_opendir = False
-        self._node_listings: "collections.OrderedDict[int, List[Listed]]" = collections.OrderedDict()
+        self._node_listings: "collections.OrderedDict[int, Listing]" = collections.OrderedDict()
         self._node_listings_lock = threading.Lock()
         #: Whether the kernel lets lookups and listings of one folder run at the same time
         #: (``parallel_dirops.py``); only then may a lookup wait for a listing of its folder.
@@ -394,7 +402,7 @@ class LowLevelOperations:
         self._listings[handle] = self._make_listing(node)
         return abi.open_out(handle, abi.FOPEN_KEEP_CACHE | abi.FOPEN_CACHE_DIR)
 
-    def _make_listing(self, node: int) -> List[Listed]:
+    def _make_listing(self, node: int) -> Listing:
         path, own = self._resolve(node)
         run_folder, run_entries = self._run_entries
         rows: Optional[List[StatRow]] = None
@@ -403,8 +411,12 @@ class LowLevelOperations:
             entries: Optional[Iterable[Tuple[str, FileInfo]]] = run_entries
         elif self._stable:
             # Every entry named by its own inode number: records straight from plain rows
-            # (a folder of 100 files listed in 0.14 instead of 0.31 ms, most of a `find`).
-            rows = self.source.list_stat_rows(path)
+            # (a folder of 100 files listed in 0.14 instead of 0.31 ms, most of a `find`); a
+            # large folder a part at a time (see paged_listing.py).
+            if self._paged:
+                rows = self.source.list_stat_rows_after(path, None, LISTING_CHUNK + 1)
+            else:
+                rows = self.source.list_stat_rows(path)
             if rows is None:
                 raise _errno(errno.ENOTDIR)
             if not all(1 < row[7] < STABLE_LIMIT for row in rows):
@@ -433,14 +445,17 @@ class LowLevelOperations:
         if len(folders) > LISTED_FOLDERS_MAX:
             folders.clear()
         if rows is not None:
-            plus_of = abi.direntplus_of
-            for raw, mode, size, mtime_ns, uid, gid, nlink, ino, rdev in rows:
-                offset += 1
-                given = 0 if raw == waiting else ino  # (see below)
-                record = plus_of(given, timeout, offset, raw, ino, mode, size, mtime_ns, uid, gid, nlink, rdev)
-                listing.append((raw, "", None, record))
-                if stat.S_ISDIR(mode):
-                    folders[ino] = prefix + raw.decode(ENCODING, "surrogateescape")
+            if self._paged and len(rows) > LISTING_CHUNK:
+
+                def fetch(after: Optional[bytes], index: int) -> List[Listed]:
+                    part = self.source.list_stat_rows_after(path, after, LISTING_CHUNK)
+                    if part is None or not all(1 < row[7] < STABLE_LIMIT for row in part):
+                        raise RatarmountError(f"{path}: the folder's entries changed while it was listed")
+                    return self._records_of_rows(part, index, node, prefix)
+
+                first = self._records_of_rows(rows[:LISTING_CHUNK], 2, node, prefix)
+                return PagedListing(listing, fetch, first, LISTING_CHUNK)
+            listing += self._records_of_rows(rows, 2, node, prefix)
             return listing
         for name, info in entries:
             offset += 1
@@ -458,7 +473,25 @@ class LowLevelOperations:
                 listing.append((raw, prefix + name, info, b""))
         return listing
 
-    def _listing_of(self, node: int, offset: int) -> List[Listed]:
+    def _records_of_rows(self, rows: Sequence[StatRow], index: int, node: int, prefix: str) -> List[Listed]:
+        """The READDIRPLUS records of ``rows`` of folder ``node`` (path ``prefix`` + name), the
+        first at position ``index`` of the listing."""
+        waiting = self._waiting.get(node)
+        folders = self._listed_folders
+        timeout = self._timeout
+        plus_of = abi.direntplus_of
+        records: List[Listed] = []
+        offset = index
+        for raw, mode, size, mtime_ns, uid, gid, nlink, ino, rdev in rows:
+            offset += 1
+            given = 0 if raw == waiting else ino  # (node id 0: the kernel links nothing for it)
+            record = plus_of(given, timeout, offset, raw, ino, mode, size, mtime_ns, uid, gid, nlink, rdev)
+            records.append((raw, "", None, record))
+            if stat.S_ISDIR(mode):
+                folders[ino] = prefix + raw.decode(ENCODING, "surrogateescape")
+        return records
+
+    def _listing_of(self, node: int, offset: int) -> Listing:
         """The listing of a folder the kernel reads without having opened it (no OPENDIR): made
         for the first page and kept until the page after the last (the kernel reads until it
         gets an empty one), a few folders at a time."""
@@ -470,7 +503,7 @@ class LowLevelOperations:
                 listings[node] = listing
                 while len(listings) > NODE_LISTINGS_MAX:
                     listings.popitem(last=False)
-        if offset >= len(listing):
+        if not isinstance(listing, PagedListing) and offset >= len(listing):
             with self._node_listings_lock:
                 listings.pop(node, None)
         return listing
@@ -478,11 +511,19 @@ class LowLevelOperations:
     def readdir(self, node: int, handle: int, size: int, offset: int, plus: bool) -> bytes:
         """One page of the listing from entry ``offset`` on, at most ``size`` bytes. With
         ``plus``, entries carry their attributes and a node id the kernel now holds."""
-        listing = self._listing_of(node, offset) if handle == 0 else self._listings.get(handle)
-        if listing is None:
+        found = self._listing_of(node, offset) if handle == 0 else self._listings.get(handle)
+        if found is None:
             raise _errno(errno.EBADF)
+        if isinstance(found, PagedListing):  # the part from ``offset`` on, as if from position 0
+            listing: Sequence[Listed] = found.entries_from(offset)
+            start = 0
+            if not listing and handle == 0:  # the page after the last one
+                with self._node_listings_lock:
+                    self._node_listings.pop(node, None)
+        else:
+            listing, start = found, offset
         used = 0
-        end = offset
+        end = start
         count = len(listing)
         while end < count:
             name, _path, _info, record = listing[end]
@@ -493,7 +534,7 @@ class LowLevelOperations:
                 break
             used += need
             end += 1
-        page = listing[offset:end]
+        page = listing[start:end]
         if not plus:
             # A READDIRPLUS record ends with the plain record (its node id and attributes cut).
             return b"".join(

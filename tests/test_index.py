@@ -288,3 +288,17 @@ def test_stat_rows_of_a_listing_agree_with_its_entries(tmp_path: Path) -> None:
         assert rows[b"late"][3] == 10**19 and rows[b"late"][6] == 2 == rows[b"hard"][6]
         assert rows[b"late"][7] == rows[b"hard"][7] > 1
         assert source.list_stat_rows("/d/a") is None and source.list_stat_rows("/missing") is None
+        # The same rows a part at a time (large folders are listed so), in name order.
+        for path in folders:
+            whole = sorted(source.list_stat_rows(path) or [], key=lambda row: row[0])
+            for limit in (1, 2, 3, 100):
+                parts, after = [], None
+                while True:
+                    part = source.list_stat_rows_after(path, after, limit)
+                    assert part is not None and len(part) <= limit
+                    parts += part
+                    if len(part) < limit:
+                        break
+                    after = part[-1][0]
+                assert parts == whole, (path, limit)
+        assert source.list_stat_rows_after("/d/a", None, 5) is None

@@ -274,6 +274,10 @@ def test_api_matches_tar_extraction(tree: Tree) -> None:
                 for folder, _dirs, _files in src.walk("/"):
                     rows = src.list_stat_rows(folder)
                     assert rows == MountSource.list_stat_rows(src, folder), f"{archive.name}: {folder}"
+                    # ... and a part at a time (a large folder's listing), in name order
+                    first = src.list_stat_rows_after(folder, None, 2) or []
+                    rest = src.list_stat_rows_after(folder, first[-1][0], 10**6) or [] if len(first) == 2 else []
+                    assert first + rest == sorted(rows or [], key=lambda row: row[0]), f"{archive.name}: {folder}"
             compare_trees(expected, actual, implicit, check_root="/" not in implicit, label=archive.name)
 
 

@@ -66,6 +66,13 @@ def row_to_info(row: Row) -> FileInfo:
     )
 
 
+def _plain_mtimes(rows: List[Tuple[object, ...]]) -> List[StatRow]:
+    """``rows`` of ``IndexReader.list_stats`` with mtimes beyond 64 bits decoded."""
+    if any(row[3].__class__ is not int for row in rows):
+        rows = [row[:3] + (decode_int(row[3]),) + row[4:] for row in rows]  # type: ignore[arg-type]
+    return rows  # type: ignore[return-value]
+
+
 def _version_info(row: Row) -> FileInfo:
     """``PATH.versions/N``: the member's own row. A folder version is shown empty (its members are
     the current folder's), so it has no inode number of its own (``by_ino`` of the row's number
@@ -193,10 +200,16 @@ class ArchiveSource(MountSource):
             return None
         if info.ino == 0:  # PATH.versions and the folders in it: see list_entries_upto
             return super().list_stat_rows(path)
-        rows = self._index.list_stats(encode(path))
-        if any(row[3].__class__ is not int for row in rows):  # mtimes beyond 64 bits
-            rows = [row[:3] + (decode_int(row[3]),) + row[4:] for row in rows]
-        return rows  # type: ignore[return-value]
+        return _plain_mtimes(self._index.list_stats(encode(path)))
+
+    def list_stat_rows_after(self, path: str, after: Optional[bytes], limit: int) -> Optional[List[StatRow]]:
+        info = self.lookup(path)
+        if info is None or not info.is_dir:
+            return None
+        if info.ino == 0:
+            return super().list_stat_rows_after(path, after, limit)
+        # (b"" sorts before every name; the archive's own "./" row, named b"", is not listed)
+        return _plain_mtimes(self._index.list_stats_after(encode(path), after or b"", limit))
 
     def open_info(self, info: FileInfo) -> MemberFile:
         locator = info.locator

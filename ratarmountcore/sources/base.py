@@ -107,6 +107,20 @@ class MountSource(ABC):
             for name, i in entries
         ]
 
+    def list_stat_rows_after(self, path: str, after: Optional[bytes], limit: int) -> Optional[List[StatRow]]:
+        """At most ``limit`` rows of folder ``path`` whose names sort after ``after`` (as bytes;
+        None: from the first), in name order: a large folder listed a part at a time, so that a
+        front-end never holds all its entries at once. None when ``path`` is not a folder. This
+        default sorts ``list_stat_rows``; sources with an index override it with a query that
+        reads only the rows asked for."""
+        rows = self.list_stat_rows(path)
+        if rows is None:
+            return None
+        rows = sorted(rows, key=lambda row: row[0])
+        if after is not None:
+            rows = [row for row in rows if row[0] > after]
+        return rows[:limit]
+
     @abstractmethod
     def open_info(self, info: FileInfo) -> MemberFile:
         """A seekable binary file for a regular file's ``info``."""
