@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Mounter, run_ratarmount, tar_bytes
+from conftest import Mounter, lazy_unmount, run_ratarmount, tar_bytes
 
 from ratarmount.daemon_log import route_background_logs
 
@@ -47,11 +47,15 @@ def test_unwritable_log_file_is_a_one_line_error(tmp_path: Path) -> None:
     archive.write_bytes(tar_bytes(FILES))
     mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
-    result = run_ratarmount("--log-file", str(tmp_path / "missing" / "mount.log"), str(archive), str(mountpoint))
+    try:
+        result = run_ratarmount("--log-file", str(tmp_path / "missing" / "mount.log"), str(archive), str(mountpoint))
+    finally:
+        mounted = os.path.ismount(mountpoint)
+        lazy_unmount(mountpoint)
+    assert not mounted
     assert result.returncode == 1
     assert result.stderr.strip().count("\n") == 0 and "cannot write the log file" in result.stderr
     assert "Traceback" not in result.stderr
-    assert not os.path.ismount(mountpoint)
 
 
 @pytest.fixture
