@@ -478,6 +478,8 @@ class LowLevelOperations:
         first at position ``index`` of the listing."""
         waiting = self._waiting.get(node)
         folders = self._listed_folders
+        if len(folders) > LISTED_FOLDERS_MAX:  # (a large folder's parts: checked for each)
+            folders.clear()
         timeout = self._timeout
         plus_of = abi.direntplus_of
         records: List[Listed] = []
