@@ -16,6 +16,7 @@ from typing import Dict, List, Tuple
 import pytest
 
 import ratarmountcore
+from ratarmountcore.compression.pooled import PooledReader
 from ratarmountcore.compression.spans import SpanCache
 from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
 
@@ -112,7 +113,11 @@ def make_tar_gz(path: Path, count: int) -> Dict[str, bytes]:
 
 
 @pytest.mark.parametrize("backend", ["rapidgzip", "indexed_gzip"])
-def test_random_member_reads_decode_each_span_once(tmp_path: Path, backend: str) -> None:
+def test_random_member_reads_decode_each_span_once(
+    tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (the cache alone: without the background decoding of a stream that fits, tested below)
+    monkeypatch.setattr(PooledReader, "_start_warm", lambda self: setattr(self, "_warm", False))
     archive = tmp_path / "a.tar.gz"
     members = make_tar_gz(archive, 1500)
     compression = CompressionOptions(gzip_backend=backend, seek_point_spacing=64 * 1024, parallelization=1)
@@ -217,7 +222,9 @@ def test_span_misses_use_single_threaded_decoders_and_large_reads_parallel_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """rapidgzip: a span-cache miss is decoded by a decoder with one thread (no speculative work
-    on the following chunks), a large read by one with all the configured threads."""
+    on the following chunks), a large read by one with all the configured threads. (Without the
+    background decoding of a stream that fits the cache, which uses the parallel ones.)"""
+    monkeypatch.setattr(PooledReader, "_start_warm", lambda self: setattr(self, "_warm", False))
     from ratarmountcore.compression.gzip import RapidgzipReader
     from ratarmountcore.compression.pooled import DIRECT_READ_MIN
 
@@ -253,3 +260,56 @@ def test_span_misses_use_single_threaded_decoders_and_large_reads_parallel_ones(
         member = src.open_info(src.info("/big.bin"))
         assert member.preadinto(0, large) == DIRECT_READ_MIN and bytes(large) == big[:DIRECT_READ_MIN]
     assert made[-1] == 2 * (os.cpu_count() or 1)
+
+
+def _warm_thread(reader: object) -> threading.Thread:
+    warm = reader._warm  # type: ignore[attr-defined]
+    assert isinstance(warm, threading.Thread), f"no background decoding ({warm!r})"
+    return warm
+
+
+def test_a_stream_that_fits_the_cache_is_decoded_whole_after_the_first_miss(tmp_path: Path) -> None:
+    archive = tmp_path / "a.tar.gz"
+    members = make_tar_gz(archive, 1500)
+    opts = OpenOptions(
+        index=IndexOptions(progress=False),
+        compression=CompressionOptions(seek_point_spacing=64 * 1024, parallelization=2),
+    )
+    with ratarmountcore.open(str(archive), opts):
+        pass  # build the index with its seek points
+    with ratarmountcore.open(str(archive), opts) as src:
+        reader = src._reader  # type: ignore[attr-defined]
+        names = list(members)
+        assert src.read(names[0]) == members[names[0]]  # (makes the decoder that knows the spans)
+        assert src.read(names[-1]) == members[names[-1]]  # the first miss starts it
+        _warm_thread(reader).join(30)
+        spans = reader._spans
+        assert spans.cached_bytes == reader.size  # every span, decoded once
+        misses = spans.misses
+        random.Random(5).shuffle(names)
+        for name in names:
+            assert src.read(name) == members[name], name
+        assert spans.misses == misses  # nothing decoded any more
+        assert spans.decoded_bytes == reader.size
+
+
+def test_no_background_decoding_when_the_stream_does_not_fit_or_is_not_alone(tmp_path: Path) -> None:
+    first, second = tmp_path / "a.tar.gz", tmp_path / "b.tar.gz"
+    members = make_tar_gz(first, 600)
+    make_tar_gz(second, 600)
+    small = OpenOptions(
+        index=IndexOptions(progress=False),
+        compression=CompressionOptions(seek_point_spacing=64 * 1024, parallelization=1, cache_size=512 * 1024),
+    )
+    with ratarmountcore.open(str(first), small) as src:
+        names = list(members)
+        assert src.read(names[0]) == members[names[0]] and src.read(names[-1]) == members[names[-1]]
+        assert src._reader._warm is False  # type: ignore[attr-defined]
+    union = OpenOptions(
+        index=IndexOptions(progress=False),
+        compression=CompressionOptions(seek_point_spacing=64 * 1024, parallelization=1),
+    )
+    with ratarmountcore.open([str(first), str(second)], union) as both:
+        assert both.read(names[0]) == members[names[0]] and both.read(names[-1]) == members[names[-1]]
+        readers = [s._reader for s in both.sources]  # type: ignore[attr-defined]
+        assert [r._warm for r in readers] == [None, False]  # (b.tar.gz serves the names; both are open)

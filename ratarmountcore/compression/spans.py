@@ -183,6 +183,37 @@ class SpanCache:
         _PROCESS.add(self, start, len(data))
         return data
 
+    def spans_within(self, low: int, high: int) -> List[Tuple[int, int]]:
+        """The spans ``(start, end)`` that lie in ``[low, high)``."""
+        i = bisect.bisect_left(self._starts, low)
+        out = []
+        while i < len(self._starts) and self._ends[i] <= high:
+            out.append((self._starts[i], self._ends[i]))
+            i += 1
+        return out
+
+    def wanted(self, start: int) -> bool:
+        """Whether the span at ``start`` is neither cached nor being decoded."""
+        with self._lock:
+            return start not in self._spans and start not in self._pending
+
+    def offer(self, start: int, data: bytes) -> bool:
+        """Keep ``data`` as the span that begins at ``start``, decoded by someone not asked for it
+        (see ``PooledReader._warm_all``), unless the span is cached or being decoded already, or
+        the bytes are not the whole span. True when kept."""
+        i = bisect.bisect_left(self._starts, start)
+        if i >= len(self._starts) or self._starts[i] != start or len(data) != self._ends[i] - start:
+            return False
+        with self._lock:
+            if start in self._spans or start in self._pending or self._bytes + len(data) > self.capacity:
+                return False
+            self._spans[start] = data
+            self._spans.move_to_end(start, last=False)  # (not used yet: first to go)
+            self._bytes += len(data)
+            self.decoded_bytes += len(data)
+        _PROCESS.add(self, start, len(data))
+        return True
+
     def _drop(self, start: int) -> None:
         """Evicted by the process-wide bound."""
         with self._lock:
