@@ -334,7 +334,7 @@ class PooledReader(CompressedReader):
         _OPEN.discard(self)
         warm = self._warm
         if isinstance(warm, threading.Thread):
-            warm.join(10)  # (at most one chunk's decoding after the flag)
+            warm.join(10)  # (at most one span's decoding after the flag)
         try:
             for pool in self._pools():
                 pool.close()
