@@ -438,12 +438,6 @@ class LowLevelOperations:
             (b".", "", own[0], plus(0, own[0], 0, 1, b".", own[0].ino or UNKNOWN_INO)),
             (b"..", "", up, plus(0, up, 0, 2, b"..", up.ino or UNKNOWN_INO)),
         ]
-        own_node = self._own_node
-        offset = 2
-        waiting = self._waiting.get(node)
-        folders = self._listed_folders  # (see _resolve)
-        if len(folders) > LISTED_FOLDERS_MAX:
-            folders.clear()
         if rows is not None:
             if self._paged and len(rows) > LISTING_CHUNK:
 
@@ -457,6 +451,12 @@ class LowLevelOperations:
                 return PagedListing(listing, fetch, first, LISTING_CHUNK)
             listing += self._records_of_rows(rows, 2, node, prefix)
             return listing
+        own_node = self._own_node
+        offset = 2
+        waiting = self._waiting.get(node)
+        folders = self._listed_folders  # (see _resolve)
+        if len(folders) > LISTED_FOLDERS_MAX:
+            folders.clear()
         for name, info in entries:
             offset += 1
             raw = name.encode(ENCODING, "surrogateescape")
