@@ -22,6 +22,8 @@ import sqlite3
 import threading
 from typing import Any, List, Optional, Tuple
 
+from .warm import IndexWarmer
+
 logger = logging.getLogger(__name__)
 
 #: Bytes a file URI carries as they are (RFC 3986's unreserved characters, and the slash).
@@ -51,6 +53,8 @@ class ConnectionPool:
         self._identity: Optional[Tuple[int, int]] = None
         #: Set once the file at ``path`` is no longer the one first opened: no new connections.
         self._replaced = False
+        #: Reads the file into the page cache when lookups would find it missing there (warm.py).
+        self._warmer: Optional[IndexWarmer] = None
 
     def _connect(self) -> Optional[sqlite3.Connection]:
         """A new connection to the file first opened, or None when the path names another now."""
@@ -76,6 +80,7 @@ class ConnectionPool:
         with self._lock:
             if self._identity is None:
                 self._identity = identity
+                self._warmer = IndexWarmer(self.path, identity, st.st_size)
             elif identity != self._identity:
                 conn.close()
                 self._gone_locked("was replaced by another file")
@@ -112,6 +117,9 @@ class ConnectionPool:
             return self._idle.pop()
 
     def query(self, sql: str, params: tuple = (), one: bool = False) -> Any:
+        warmer = self._warmer
+        if warmer is not None:
+            warmer.poke()
         conn = self._borrow()
         try:
             cursor = conn.execute(sql, params)
@@ -127,6 +135,8 @@ class ConnectionPool:
         return len(self._all)
 
     def close(self) -> None:
+        if self._warmer is not None:
+            self._warmer.close()
         with self._lock:
             for conn in self._all:
                 conn.close()

@@ -1,0 +1,192 @@
+"""An index whose pages left the page cache is read back into it in one pass (index/warm.py).
+
+Pages are evicted with ``posix_fadvise(DONTNEED)`` (clean pages of a file nobody maps) and found
+missing with ``preadv(RWF_NOWAIT)``, the same probe the warmer uses; where the file system keeps
+no page cache of its own (tmpfs), there is nothing to test and the tests skip.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from conftest import tar_bytes
+
+import ratarmountcore
+from ratarmountcore.index import warm
+from ratarmountcore.index.pool import ConnectionPool
+from ratarmountcore.index.warm import IndexWarmer
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="needs preadv(RWF_NOWAIT)")
+
+
+def evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def cached_pages(path: Path) -> int:
+    """How many of the file's 4 KiB pages are in the page cache."""
+    fd = os.open(path, os.O_RDONLY)
+    byte = bytearray(1)
+    count = 0
+    try:
+        for offset in range(0, os.fstat(fd).st_size, 4096):
+            try:
+                os.preadv(fd, [byte], offset, os.RWF_NOWAIT)
+                count += 1
+            except BlockingIOError:
+                pass
+    finally:
+        os.close(fd)
+    return count
+
+
+def pages(path: Path) -> int:
+    return (path.stat().st_size + 4095) // 4096
+
+
+def wait_until_idle(warmer: IndexWarmer, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while warmer._thread is not None:
+        assert time.monotonic() < deadline, "the read-ahead did not finish"
+        time.sleep(0.005)
+
+
+def next_probe(warmer: IndexWarmer) -> None:
+    """Make the next ``poke`` probe (without waiting PROBE_INTERVAL)."""
+    warmer._next_probe = 0.0
+
+
+@pytest.fixture()
+def archive(tmp_path: Path) -> Iterator[Path]:
+    """A tar whose index spans a few hundred pages, indexed once."""
+    path = tmp_path / "many.tar"
+    members = {f"folder{i % 50}/file-with-a-longer-name-{i:05d}.bin": b"x" * (i % 7) for i in range(4000)}
+    path.write_bytes(tar_bytes(members))
+    with ratarmountcore.open(str(path)):
+        pass
+    index = Path(str(path) + ".index.sqlite")
+    assert index.exists()
+    evict(index)
+    if cached_pages(index) == pages(index):
+        pytest.skip("this file system keeps its files in memory (tmpfs): nothing leaves the page cache")
+    yield path
+
+
+def index_of(archive: Path) -> Path:
+    return Path(str(archive) + ".index.sqlite")
+
+
+def test_lookups_on_an_evicted_index_read_it_back_whole(archive: Path) -> None:
+    index = index_of(archive)
+    with ratarmountcore.open(str(archive)) as source:
+        warmer = source._index._pool._warmer
+        assert warmer is not None
+        wait_until_idle(warmer)
+        evict(index)
+        assert cached_pages(index) < pages(index) // 2
+        next_probe(warmer)
+        count = warmer.warm_count
+        assert source.stat("folder7/file-with-a-longer-name-00007.bin").st_size == 0
+        assert warmer.warm_count == count + 1
+        wait_until_idle(warmer)
+        assert cached_pages(index) == pages(index)
+        # Everything cached: the next probe reads nothing.
+        next_probe(warmer)
+        source.stat("folder8/file-with-a-longer-name-00008.bin")
+        assert warmer.warm_count == count + 1
+
+
+def test_probes_are_rate_limited(archive: Path) -> None:
+    index = index_of(archive)
+    with ratarmountcore.open(str(archive)) as source:
+        warmer = source._index._pool._warmer
+        wait_until_idle(warmer)
+        count = warmer.warm_count
+        evict(index)
+        warmer._next_probe = time.monotonic() + 60  # a probe was just made
+        for i in range(20):
+            source.stat(f"folder{i}/file-with-a-longer-name-{i:05d}.bin")
+        assert warmer.warm_count == count  # no probe, no read-ahead
+
+
+def test_read_aheads_are_paid_from_a_budget(archive: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two read-aheads at once at most; then one only as the budget fills up again."""
+    index = index_of(archive)
+    monkeypatch.setattr(warm, "REWARM_RATE", 1)  # the budget fills up by a byte per second
+    pool = ConnectionPool(str(index))
+    try:
+        pool.query("SELECT 1 FROM metadata LIMIT 1")
+        warmer = pool._warmer
+        assert warmer is not None
+        started = []
+        for _round in range(4):
+            wait_until_idle(warmer)
+            evict(index)
+            next_probe(warmer)
+            pool.query("SELECT 1 FROM metadata LIMIT 1")
+            started.append(warmer.warm_count)
+        assert started[:2] == [1, 2] and started[2:] == [2, 2]
+        wait_until_idle(warmer)
+        assert cached_pages(index) < pages(index)  # the last eviction stays
+    finally:
+        pool.close()
+
+
+def test_no_read_ahead_of_an_index_larger_than_memory_allows(archive: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    index = index_of(archive)
+    monkeypatch.setattr(warm, "available_memory", lambda: index.stat().st_size)  # 4x its size needed
+    pool = ConnectionPool(str(index))
+    try:
+        pool.query("SELECT 1 FROM metadata LIMIT 1")
+        warmer = pool._warmer
+        wait_until_idle(warmer)
+        evict(index)
+        next_probe(warmer)
+        pool.query("SELECT 1 FROM metadata LIMIT 1")
+        assert warmer.warm_count == 0
+    finally:
+        pool.close()
+
+
+def test_a_replaced_index_is_not_read_ahead(archive: Path, tmp_path: Path) -> None:
+    """The file now at the path is not the pool's: the warmer leaves it alone."""
+    index = index_of(archive)
+    pool = ConnectionPool(str(index))
+    try:
+        pool.query("SELECT 1 FROM metadata LIMIT 1")
+        warmer = pool._warmer
+        wait_until_idle(warmer)
+        count = warmer.warm_count
+        other = tmp_path / "other.sqlite"
+        other.write_bytes(index.read_bytes())
+        os.replace(other, index)
+        evict(index)
+        next_probe(warmer)
+        pool.query("SELECT 1 FROM metadata LIMIT 1")  # through the connection opened before
+        wait_until_idle(warmer)
+        assert warmer.warm_count == count
+        assert cached_pages(index) < pages(index)
+    finally:
+        pool.close()
+
+
+def test_closing_stops_the_warmer(archive: Path) -> None:
+    index = index_of(archive)
+    pool = ConnectionPool(str(index))
+    pool.query("SELECT 1 FROM metadata LIMIT 1")
+    warmer = pool._warmer
+    pool.close()
+    assert warmer is not None and warmer._thread is None
+    evict(index)
+    next_probe(warmer)
+    warmer.poke()
+    assert warmer._thread is None and cached_pages(index) < pages(index)
