@@ -17,6 +17,7 @@ import threading
 from typing import Callable, Dict, Optional, Union
 
 from ratarmountcore.errors import RatarmountError
+from ratarmountcore.io.descriptors import raise_soft_limit
 from ratarmountcore.sources.factory import open_source
 
 from .cli import MountOptions, check_mountpoint
@@ -123,6 +124,7 @@ def run_fuse(
     before_mount: Optional[Callable[[], None]] = None,
 ) -> None:
     _tame_malloc()
+    raise_soft_limit()  # a union of a thousand archives needs two thousand descriptors
     source = open_source(options.sources, options.open_options)
     label = os.path.basename(options.sources[0]) + ("" if len(options.sources) == 1 else ",...")
     try:

@@ -90,5 +90,11 @@ class IndexNotWritableError(IndexFileError, PermissionError):
     """No candidate location for the index is writable."""
 
 
+class TooManyOpenFilesError(RatarmountError, OSError):
+    """The process ran out of file descriptors (EMFILE)."""
+
+    errno_code = errno.EMFILE
+
+
 class MountError(RatarmountError, OSError):
     """The mount point cannot be used."""

@@ -18,6 +18,7 @@ import sqlite3
 from typing import Callable, Dict, List, Optional
 
 from ..errors import IndexNotWritableError, InvalidIndexError, StaleIndexError
+from ..io.descriptors import check_left
 from ..options import IndexOptions
 from .fingerprint import ArchiveStats
 from .locations import candidate_paths, folder_writable
@@ -35,6 +36,7 @@ def _try_open(path: str, stats: ArchiveStats, build_options: Dict[str, str]) -> 
     try:
         reader = IndexReader(path)
     except InvalidIndexError as exc:
+        check_left(path)  # (SQLite says "unable to open" when it is out of descriptors)
         _report_unusable(path, f"Ignoring {path}: {exc}")
         return None
     try:
@@ -82,6 +84,7 @@ def open_or_build(
         try:
             writer = IndexWriter(target, stats, archive_path, build_options)
         except (OSError, sqlite3.Error) as exc:
+            check_left(archive_path)
             logger.debug("Cannot create an index at %s: %s", target, exc)
             continue
         if foreign:

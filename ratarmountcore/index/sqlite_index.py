@@ -151,12 +151,16 @@ class IndexWriter:
         shown = os.fsencode(os.path.abspath(archive_path)).decode("utf-8", "backslashreplace")
         self._meta = {"archive_path": shown, **extra}
         self._conn = sqlite3.connect(self.temp_path, isolation_level=None)
-        self._conn.executescript(
-            "PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA locking_mode=EXCLUSIVE; "
-            f"PRAGMA page_size={PAGE_SIZE}; PRAGMA cache_size=-4000;"
-        )
-        self._conn.executescript(_sql("schema.sql"))
-        self._conn.execute("BEGIN")
+        try:
+            self._conn.executescript(
+                "PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA locking_mode=EXCLUSIVE; "
+                f"PRAGMA page_size={PAGE_SIZE}; PRAGMA cache_size=-4000;"
+            )
+            self._conn.executescript(_sql("schema.sql"))
+            self._conn.execute("BEGIN")
+        except BaseException:  # (out of descriptors, a full disk): no file left behind
+            self.abort()
+            raise
         self._batch: List[tuple] = []  # rows that need every column
         self._simple_batch: List[tuple] = []  # rows whose other columns keep their defaults
         self._next_id = 1

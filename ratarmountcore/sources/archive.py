@@ -269,6 +269,7 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
     """Open (and on first use, index) the archive at ``path``."""
     from ..compression.registry import open_compressed
     from ..formats import COMPRESSIONS, FormatId, sniff_bytes
+    from ..io.descriptors import check_left
 
     options = options or OpenOptions()
     try:
@@ -280,6 +281,7 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
     except PermissionError:
         raise RatarmountError(f"{path}: permission denied") from None
     except OSError as exc:
+        check_left(path)
         raise RatarmountError(f"{path}: cannot open ({exc.strerror})") from None
     reader: RandomAccessReader = plain
     try:

@@ -1,0 +1,71 @@
+"""A union of more archives than the soft open-file limit allows (io/descriptors.py).
+
+Every archive holds about two descriptors (the archive, a connection to its index): a union of
+ImageNet's 1,000 class tars needs more than the 1,024 most distributions allow by default. The
+mount raises its soft limit to the hard one; where the hard limit is too low as well, the error
+says so in one line instead of blaming the index location.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from pathlib import Path
+from typing import Callable, List
+
+import pytest
+from conftest import Mounter, requires_fuse, run_ratarmount, tar_bytes
+
+#: Archives in the union; the limits below allow fewer than two descriptors per archive.
+ARCHIVES = 60
+LIMIT = 64
+
+
+def many_tars(folder: Path) -> List[Path]:
+    paths = []
+    for i in range(ARCHIVES):
+        path = folder / f"class{i:03d}.tar"
+        path.write_bytes(tar_bytes({f"n{i:03d}/image{j}.JPEG": f"{i}-{j}".encode() for j in range(2)}))
+        paths.append(path)
+    return paths
+
+
+def limit_to(soft: int, hard: int) -> Callable[[], None]:
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    return apply
+
+
+@requires_fuse
+def test_union_of_more_archives_than_the_soft_limit_mounts(tmp_path: Path, mounter: Mounter) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4 * ARCHIVES:
+        pytest.skip(f"the hard open-file limit ({hard}) is too low to raise the soft one")
+    archives = many_tars(tmp_path)
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    mounter.mounts.append(mountpoint)
+    result = run_ratarmount(*map(str, archives), str(mountpoint), preexec_fn=limit_to(LIMIT, hard))
+    assert result.returncode == 0, result.stderr
+    assert len(os.listdir(mountpoint)) == ARCHIVES
+    for i in (0, ARCHIVES // 2, ARCHIVES - 1):
+        assert (mountpoint / f"n{i:03d}" / "image1.JPEG").read_bytes() == f"{i}-1".encode()
+    mounter.unmount(mountpoint)
+
+
+@requires_fuse
+def test_too_low_a_hard_limit_is_named_as_the_cause(tmp_path: Path) -> None:
+    archives = many_tars(tmp_path)
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    result = run_ratarmount(*map(str, archives), str(mountpoint), preexec_fn=limit_to(LIMIT, LIMIT))
+    assert result.returncode != 0
+    assert not os.path.ismount(mountpoint)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "too many open files" in lines[0] and f"may open {LIMIT}" in lines[0] and "ulimit -n" in lines[0]
+    assert "class0" in lines[0]  # names the archive it was opening
+    # No index half-written: the ones written are complete and usable on the next mount.
+    names = {a.name for a in archives} | {a.name + ".index.sqlite" for a in archives} | {"mnt"}
+    assert [p.name for p in tmp_path.iterdir() if p.name not in names] == []
