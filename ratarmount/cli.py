@@ -255,6 +255,47 @@ def check_mountpoint(path: str, fuse_options: Dict[str, Union[str, bool]]) -> No
         raise RatarmountError(f"mount point {path} is not empty (pass -o nonempty to mount over it anyway)")
 
 
+def users_of(mountpoint: str, most: int = 5) -> List[str]:
+    """``PID (command)`` of processes whose working folder or open files lie in ``mountpoint``
+    (what ``fuser -m`` would say), from /proc; only links are read, nothing in the mount."""
+    root = os.path.realpath(mountpoint)
+    inside = (root, root.rstrip("/") + "/")
+    found: List[str] = []
+    try:
+        pids = [entry for entry in os.listdir("/proc") if entry.isdigit()]
+    except OSError:
+        return found
+    for pid in pids:
+        if int(pid) == os.getpid():
+            try:
+                cwd = os.readlink("/proc/self/cwd")
+            except OSError:
+                continue
+            if cwd == inside[0] or cwd.startswith(inside[1]):
+                found.append("this command, whose working folder is in it")
+            continue
+        try:
+            links = [f"/proc/{pid}/cwd"] + [f"/proc/{pid}/fd/{fd}" for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:  # gone, or not ours to look at
+            continue
+        for link in links:
+            try:
+                target = os.readlink(link)
+            except OSError:
+                continue
+            if target == inside[0] or target.startswith(inside[1]):
+                if len(found) == most:
+                    return found + ["..."]
+                try:
+                    with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+                        command = f.read().strip()
+                except OSError:
+                    command = "?"
+                found.append(f"{pid} ({command})")
+                break
+    return found
+
+
 def unmount(mountpoint: str) -> None:
     if not os.path.ismount(mountpoint):
         raise RatarmountError(f"{mountpoint} is not a mount point")
@@ -275,7 +316,13 @@ def unmount(mountpoint: str) -> None:
                 break
             time.sleep(0.05)
         message = (result.stderr or result.stdout).strip().splitlines()
-        raise RatarmountError(f"cannot unmount {mountpoint}: {message[-1] if message else 'unknown error'}")
+        # "fusermount3: failed to unmount /mnt: Device or resource busy": the cause only.
+        why = message[-1].rsplit(": ", 1)[-1] if message else "unknown error"
+        if "busy" in why.lower():
+            users = users_of(mountpoint)
+            if users:
+                why += f" (in use by {', '.join(users)})"
+        raise RatarmountError(f"cannot unmount {mountpoint}: {why}")
     raise RatarmountError("cannot unmount: neither fusermount3, fusermount nor umount is installed")
 
 

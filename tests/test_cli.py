@@ -443,6 +443,7 @@ def test_unmount_waits_a_moment_while_the_mount_is_busy(mounter: Mounter, archiv
         assert time.monotonic() - started >= 1.5
     assert result.returncode != 0 and "busy" in result.stderr.lower()
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"in use by {os.getpid()} (" in result.stderr  # who holds it: this test's process
     mounter.unmount(mnt)
 
 
