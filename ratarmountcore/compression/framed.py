@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Dict, List, Optional, Set, Tuple, Union
 
 from ..errors import CorruptDataError, InvalidIndexError
+from ..io import forks
 from ..options import CompressionOptions
 from .base import CompressedReader, PlainFile, SeekPointSource, SeekPointWriter, pack_seek_points
 from .block_crcs import BLOCK, CrcCollector
@@ -187,6 +188,14 @@ class FrameCache:
 
 
 FRAME_CACHE = FrameCache(FRAME_CACHE_BYTES)
+
+
+def _new_frame_cache_in_child() -> None:
+    global FRAME_CACHE
+    FRAME_CACHE = FrameCache(FRAME_CACHE_BYTES)  # (its lock may have been held at the fork)
+
+
+forks.in_child(_new_frame_cache_in_child)
 _TOKENS = itertools.count(1)
 
 

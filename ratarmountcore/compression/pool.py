@@ -33,6 +33,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, Tuple, TypeVar
 
+from ..io import forks
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -306,6 +308,17 @@ class InstancePool(Generic[T]):
 
 
 _LIVE_POOLS: "weakref.WeakSet[InstancePool[Any]]" = weakref.WeakSet()
+
+
+def _new_registries_in_child() -> None:
+    """The parent's pools hold decoders whose threads are not in a child: they are parked
+    (io/forks.py), never evicted, used or closed there (not at exit either)."""
+    global _IDLE, _LIVE_POOLS
+    _IDLE = _IdleRegistry()
+    _LIVE_POOLS = weakref.WeakSet()
+
+
+forks.in_child(_new_registries_in_child)
 
 
 @atexit.register

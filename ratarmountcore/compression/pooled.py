@@ -9,12 +9,14 @@ the start to reach a late offset. Memory is bounded by ``max_instances`` decoder
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import weakref
 from abc import abstractmethod
 from typing import Any, Callable, ClassVar, List, Optional, Tuple, Union
 
+from ..io import forks
 from ..io.proc_io import ReadCounter
 from ..options import CompressionOptions
 from .base import (
@@ -36,6 +38,23 @@ logger = logging.getLogger(__name__)
 DIRECT_READ_MIN = 128 * 1024
 #: The readers open in the process (a stream is decoded whole only by the only one).
 _OPEN: "weakref.WeakSet[PooledReader]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_at_exit() -> None:
+    """A program that exits without closing its sources: stop the background decoding first.
+    rapidgzip aborts the process (SIGABRT) when the interpreter finalizes under one of its
+    threads (1 in 2 runs of 20 random reads of a .tar.gz, then exit)."""
+    for reader in list(_OPEN):
+        reader.close()
+
+
+def _forget_open_in_child() -> None:
+    global _OPEN
+    _OPEN = weakref.WeakSet()  # the parent's readers are parked in a child (io/forks.py)
+
+
+forks.in_child(_forget_open_in_child)
 
 
 class PooledReader(CompressedReader):

@@ -24,6 +24,8 @@ import threading
 import weakref
 from typing import Callable, Dict, List, Optional, Tuple
 
+from ..io import forks
+
 
 class _ProcessBudget:
     """LRU of the spans of all caches of the process. Its lock is never held together with a
@@ -71,6 +73,14 @@ class _ProcessBudget:
 
 
 _PROCESS = _ProcessBudget()
+
+
+def _new_budget_in_child() -> None:
+    global _PROCESS
+    _PROCESS = _ProcessBudget()  # the parent's caches are parked there (io/forks.py)
+
+
+forks.in_child(_new_budget_in_child)
 
 
 class SpanCache:

@@ -43,14 +43,16 @@ def read_only_uri(path: str) -> str:
 
 
 class ConnectionPool:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, identity: Optional[Tuple[int, int]] = None) -> None:
+        """``identity``: the (device, inode) the file must have (a pool made anew in a forked
+        child reads the file its parent's pool read, or nothing)."""
         self.path = path
         self._idle: List[sqlite3.Connection] = []
         self._all: List[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._returned = threading.Condition(self._lock)
         #: (device, inode) of the file the first connection opened.
-        self._identity: Optional[Tuple[int, int]] = None
+        self._identity: Optional[Tuple[int, int]] = identity
         #: Set once the file at ``path`` is no longer the one first opened: no new connections.
         self._replaced = False
         #: Reads the file into the page cache when lookups would find it missing there (warm.py).
@@ -80,11 +82,12 @@ class ConnectionPool:
         with self._lock:
             if self._identity is None:
                 self._identity = identity
-                self._warmer = IndexWarmer(self.path, identity, st.st_size)
             elif identity != self._identity:
                 conn.close()
                 self._gone_locked("was replaced by another file")
                 return None
+            if self._warmer is None:
+                self._warmer = IndexWarmer(self.path, identity, st.st_size)
             self._all.append(conn)
         return conn
 
@@ -129,6 +132,11 @@ class ConnectionPool:
                 if conn in self._all:  # (not when the pool was closed meanwhile)
                     self._idle.append(conn)
                     self._returned.notify()
+
+    @property
+    def identity(self) -> Optional[Tuple[int, int]]:
+        """(device, inode) of the file this pool reads; None before the first connection."""
+        return self._identity
 
     @property
     def connection_count(self) -> int:

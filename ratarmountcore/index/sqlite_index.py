@@ -430,9 +430,9 @@ class IndexWriter:
 class IndexReader:
     """Read-only access to a built index through a ``ConnectionPool`` (safe from any thread)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, identity: Optional[Tuple[int, int]] = None) -> None:
         self.path = path
-        self._pool = ConnectionPool(path)
+        self._pool = ConnectionPool(path, identity)
         self._query = self._pool.query
         try:
             self.metadata: Dict[str, str] = dict(self._query("SELECT key, value FROM metadata"))
@@ -444,6 +444,10 @@ class IndexReader:
     @property
     def connection_count(self) -> int:
         return self._pool.connection_count
+
+    def renewed(self) -> "IndexReader":
+        """A reader of the same file with connections of its own (for a forked child)."""
+        return IndexReader(self.path, self._pool.identity)
 
     def close(self) -> None:
         self._pool.close()

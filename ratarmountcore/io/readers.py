@@ -9,11 +9,14 @@ same protocol on top of their decompressors.
 from __future__ import annotations
 
 import bisect
+import errno
 import io
 import os
 import stat
 import threading
 from typing import Callable, Optional, Protocol, Sequence, Tuple
+
+from . import forks
 
 
 class RandomAccessReader(Protocol):
@@ -90,6 +93,13 @@ class PlainFileReader:
         if stat.S_ISREG(st.st_mode):
             os.set_blocking(self.fd, True)
         self.size = st.st_size
+
+    def duplicate(self) -> "PlainFileReader":
+        """A reader of its own over the same open file (``os.dup``): for a forked child, which
+        must not close what its parent's objects hold."""
+        twin = PlainFileReader.__new__(PlainFileReader)
+        twin.path, twin.size, twin.fd = self.path, self.size, os.dup(self.fd)
+        return twin
 
     def pread(self, offset: int, size: int) -> bytes:
         if size <= MAX_SYSCALL_READ:
@@ -224,9 +234,14 @@ class MemberFile(io.RawIOBase):
         sparse: Optional[Sequence[Extent]] = None,
         name: str = "",
         guard: Optional[Callable[[], None]] = None,
+        renew: Optional[Callable[[], Tuple[RandomAccessReader, Optional[Callable[[], None]]]]] = None,
     ) -> None:
+        """``renew``: in a forked child, the reader and guard of that process (``io/forks.py``);
+        without it, a handle opened before a fork fails with EIO after it."""
         super().__init__()
         self._reader = reader
+        self._generation = forks.generation
+        self._renew = renew
         #: Called before every read; raises when the data may no longer be read (see
         #: ``sources/watch.py``).
         self._guard = guard
@@ -247,6 +262,15 @@ class MemberFile(io.RawIOBase):
         else:
             self._extents = []
 
+    def _after_fork(self) -> None:
+        """Opened before a fork, used after it: take this process's reader (the parent's waits
+        for threads that are not here) and a lock of its own."""
+        if self._renew is None:
+            raise OSError(errno.EIO, f"{self.name or 'member'}: opened before a fork; open it again after it")
+        self._reader, self._guard = self._renew()
+        self._lock = threading.Lock()
+        self._generation = forks.generation
+
     @property
     def size(self) -> int:
         return self._size
@@ -259,6 +283,8 @@ class MemberFile(io.RawIOBase):
 
     def pread(self, offset: int, size: int) -> bytes:
         """Read without touching the handle's position (used by FUSE)."""
+        if self._generation != forks.generation:
+            self._after_fork()
         if offset >= self._size or size <= 0:
             return b""
         if self._guard is not None:
@@ -273,6 +299,8 @@ class MemberFile(io.RawIOBase):
 
     def preadinto(self, offset: int, view: memoryview) -> int:
         """Like ``pread`` into ``view`` (used by FUSE to fill libfuse's buffer directly)."""
+        if self._generation != forks.generation:
+            self._after_fork()
         if offset >= self._size or not len(view):
             return 0
         if self._guard is not None:
@@ -307,6 +335,8 @@ class MemberFile(io.RawIOBase):
     def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def,override]
         # Straight into the caller's buffer: no intermediate bytes, and large reads from a
         # compressed archive skip the span cache as they do through the mount.
+        if self._generation != forks.generation:
+            self._after_fork()
         with self._lock:
             view = memoryview(buffer).cast("B")
             count = self.preadinto(self._pos, view) if self._pos < self._size else 0
@@ -314,12 +344,16 @@ class MemberFile(io.RawIOBase):
             return count
 
     def readall(self) -> bytes:
+        if self._generation != forks.generation:
+            self._after_fork()
         with self._lock:
             data = self.pread(self._pos, self._size - self._pos)
             self._pos += len(data)
             return data
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if self._generation != forks.generation:
+            self._after_fork()
         with self._lock:
             if whence == io.SEEK_SET:
                 new = offset

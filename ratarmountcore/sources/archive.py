@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import stat
@@ -14,6 +15,7 @@ from ..index.builder import open_or_build
 from ..index.fingerprint import archive_stats
 from ..index.folder_rows import FolderRows
 from ..index.sqlite_index import IndexReader, IndexWriter, Row, decode_int, encode, split_path, unpack_sparse
+from ..io import forks
 from ..io.readers import MemberFile, PlainFileReader, RandomAccessReader, will_need
 from ..options import CompressionOptions, OpenOptions
 from ..tar.indexing import NamespacedSeekPoints, index_tar, open_nested_compressed
@@ -81,9 +83,17 @@ def _version_info(row: Row) -> FileInfo:
     return info._replace(ino=0) if info.is_dir else info
 
 
+#: Makes, in a forked child, a reader of the archive (and a watch over it) of the child's own,
+#: given the child's index reader (see ``io/forks.py``).
+RenewReader = Callable[[IndexReader], Tuple[RandomAccessReader, Optional[ArchiveWatch]]]
+
+
 class ArchiveSource(MountSource):
     """Members of one archive. Lookups are indexed SQLite queries (one connection per thread);
-    reads go through the shared, thread-safe ``RandomAccessReader``."""
+    reads go through the shared, thread-safe ``RandomAccessReader``.
+
+    Used after a fork (a DataLoader's workers), it first makes its reader, index connections and
+    locks anew from the open archive (``_renew``); see ``io/forks.py``."""
 
     def __init__(
         self,
@@ -93,15 +103,13 @@ class ArchiveSource(MountSource):
         owner: Tuple[int, int],
         compression: Optional[CompressionOptions] = None,
         watch: Optional[ArchiveWatch] = None,
+        renew: Optional[RenewReader] = None,
     ) -> None:
         self.path = path
-        self._reader = reader
-        self._index = index
-        self._guard: Optional[Callable[[], None]] = watch.check if watch is not None else None
+        self._generation = forks.generation
+        self._renew_reader = renew
+        self._setup(reader, index, watch)
         self._compression = compression or CompressionOptions()
-        self._nested: Dict[int, RandomAccessReader] = {}
-        self._nested_lock = threading.Lock()
-        self._folder_rows = FolderRows(index.list, max_rows=4096)
         meta = index.metadata
         mtime_ns = int(meta.get("archive_mtime_ns", "0"))
         self._root = FileInfo(
@@ -116,12 +124,42 @@ class ArchiveSource(MountSource):
         self._entries = int(meta.get("entries", "0"))
         self._total_size = int(meta.get("total_size", "0"))
 
+    def _setup(self, reader: RandomAccessReader, index: IndexReader, watch: Optional[ArchiveWatch]) -> None:
+        """What a forked child makes anew (everything that holds threads, locks or connections)."""
+        self._reader = reader
+        self._index = index
+        self._watch = watch
+        self._guard: Optional[Callable[[], None]] = watch.check if watch is not None else None
+        self._nested: Dict[int, RandomAccessReader] = {}
+        self._nested_lock = threading.Lock()
+        self._folder_rows = FolderRows(index.list, max_rows=4096)
+
+    def _renew(self) -> None:
+        """In a forked child: park the parent's reader, nested readers and index connections (to
+        be neither used nor freed here) and make this process's own."""
+        with forks.renewal_lock():
+            if self._generation == forks.generation:
+                return
+            forks.park(self._reader, self._index, self._watch, self._nested, self._folder_rows)
+            if self._renew_reader is None:
+                raise RatarmountError(f"{self.path}: opened before a fork and cannot be used after it; open it again")
+            index = self._index.renewed()
+            try:
+                reader, watch = self._renew_reader(index)
+            except BaseException:
+                index.close()
+                raise
+            self._setup(reader, index, watch)
+            self._generation = forks.generation
+
     @property
     def index_path(self) -> str:
         return self._index.path
 
     # --- primitives ---------------------------------------------------------------------------
     def lookup(self, path: str) -> Optional[FileInfo]:
+        if self._generation != forks.generation:
+            self._renew()
         parent, name = split_path(path)
         folder = self._folder_rows.rows(parent)
         row = folder.get(name) if folder is not None else self._index.lookup(parent, name)
@@ -167,6 +205,8 @@ class ArchiveSource(MountSource):
         return None
 
     def by_ino(self, ino: int) -> Optional[Tuple[str, FileInfo]]:
+        if self._generation != forks.generation:
+            self._renew()
         # Row ids are inode numbers minus one (a hard link carries its target's: same data).
         row = self._index.row(ino - 1) if ino > 1 else None
         if row is None:
@@ -215,14 +255,27 @@ class ArchiveSource(MountSource):
         locator = info.locator
         if not isinstance(locator, ArchiveLocator):
             raise NotFoundError(2, "not a file of this archive")
+        if self._generation != forks.generation:
+            self._renew()
         guard = self._guard
         if guard is not None:
             guard()
         reader = self._reader if locator.source == 0 else self._nested_reader(locator.source)
-        return MemberFile(reader, locator.offset, info.size, unpack_sparse(locator.sparse), guard=guard)
+        return MemberFile(
+            reader, locator.offset, info.size, unpack_sparse(locator.sparse), guard=guard,
+            renew=functools.partial(self._reader_after_fork, locator.source),
+        )  # fmt: skip
+
+    def _reader_after_fork(self, source: int) -> Tuple[RandomAccessReader, Optional[Callable[[], None]]]:
+        """For a member opened before a fork and read after it: this process's reader."""
+        if self._generation != forks.generation:
+            self._renew()
+        return (self._reader if source == 0 else self._nested_reader(source)), self._guard
 
     def will_read(self, info: FileInfo) -> None:
         locator = info.locator
+        if self._generation != forks.generation:
+            self._renew()
         if isinstance(locator, ArchiveLocator) and locator.source == 0 and locator.sparse is None and info.size:
             will_need(self._reader, locator.offset, min(info.size, WILL_READ_BYTES))
 
@@ -257,12 +310,39 @@ class ArchiveSource(MountSource):
         }
 
     def close(self) -> None:
+        if self._generation != forks.generation:  # the parent's: neither used nor freed here
+            forks.park(self._reader, self._index, self._watch, self._nested, self._folder_rows)
+            return
         with self._nested_lock:
             for nested in self._nested.values():
                 nested.close()
             self._nested.clear()
         self._index.close()
         self._reader.close()
+
+
+def _renewal(
+    plain: PlainFileReader, fmt: FormatId, compression: CompressionOptions, watch: ArchiveWatch
+) -> RenewReader:
+    """How a forked child makes a reader of its own: over a duplicate of the archive's descriptor
+    (the file the parent indexed and checked, whatever is at its path by now)."""
+
+    def renew(index: IndexReader) -> Tuple[RandomAccessReader, Optional[ArchiveWatch]]:
+        from ..compression.registry import open_compressed
+        from ..formats import COMPRESSIONS
+
+        fresh = plain.duplicate()
+        try:
+            if fmt not in COMPRESSIONS:
+                return fresh, watch.renewed(fresh.fd)
+            compressed = open_compressed(plain.path, fresh, fmt, compression)
+            compressed.import_seek_points(index)
+        except BaseException:
+            fresh.close()
+            raise
+        return compressed, watch.renewed(fresh.fd)
+
+    return renew
 
 
 def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSource:
@@ -305,7 +385,10 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
 
                 build_options["layout"] = "single_file"
                 watch = ArchiveWatch(path, plain.fd, stats)
-                return open_single_file(path, compressed, stats, owner, options, build_options, file_mode, watch)
+                renew = _renewal(plain, fmt, options.compression, watch)
+                return open_single_file(
+                    path, compressed, stats, owner, options, build_options, file_mode, watch, renew
+                )  # fmt: skip
             build_options["layout"] = "tar"
 
         def build(writer: IndexWriter) -> None:
@@ -330,7 +413,9 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
             except BaseException:
                 index.close()
                 raise
-        return ArchiveSource(path, reader, index, owner, options.compression, ArchiveWatch(path, plain.fd, stats))
+        watch = ArchiveWatch(path, plain.fd, stats)
+        renew = _renewal(plain, fmt, options.compression, watch)
+        return ArchiveSource(path, reader, index, owner, options.compression, watch, renew)
     except ArchiveError as exc:
         reader.close()  # a compressed reader closes its worker threads (and the plain file)
         plain.close()

@@ -10,18 +10,22 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from typing import Callable, Dict, Iterable, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, Optional, Tuple
 
 from ..compression.base import CompressedReader
-from ..errors import InvalidIndexError, NotFoundError
+from ..errors import InvalidIndexError, NotFoundError, RatarmountError
 from ..index.builder import open_or_build
 from ..index.fingerprint import ArchiveStats
 from ..index.sqlite_index import IndexReader, IndexWriter
-from ..io.readers import MemberFile
+from ..io import forks
+from ..io.readers import MemberFile, RandomAccessReader
 from ..options import OpenOptions
 from ..tar.scanner import KIND_FILE, MemberRecord
 from .base import FileInfo, MountSource
 from .watch import ArchiveWatch
+
+if TYPE_CHECKING:
+    from .archive import RenewReader
 
 logger = logging.getLogger(__name__)
 
@@ -85,16 +89,40 @@ class SingleFileSource(MountSource):
         info: FileInfo,
         name: str,
         watch: Optional[ArchiveWatch] = None,
+        renew: "Optional[RenewReader]" = None,
     ) -> None:
         self.path = path
-        self._guard: Optional[Callable[[], None]] = watch.check if watch is not None else None
         self.name = name
-        self._reader = reader
-        self._index = index
+        self._generation = forks.generation
+        self._renew_reader = renew
+        self._setup(reader, index, watch)
         self._info = info
         self._root = FileInfo(
             mode=stat.S_IFDIR | 0o755, size=0, mtime_ns=info.mtime_ns, uid=info.uid, gid=info.gid, nlink=2, ino=1
         )
+
+    def _setup(self, reader: RandomAccessReader, index: IndexReader, watch: Optional[ArchiveWatch]) -> None:
+        self._reader = reader
+        self._index = index
+        self._watch = watch
+        self._guard: Optional[Callable[[], None]] = watch.check if watch is not None else None
+
+    def _renew(self) -> None:
+        """In a forked child (see ``io/forks.py`` and ``ArchiveSource._renew``)."""
+        with forks.renewal_lock():
+            if self._generation == forks.generation:
+                return
+            forks.park(self._reader, self._index, self._watch)
+            if self._renew_reader is None:
+                raise RatarmountError(f"{self.path}: opened before a fork and cannot be used after it; open it again")
+            index = self._index.renewed()
+            try:
+                reader, watch = self._renew_reader(index)
+            except BaseException:
+                index.close()
+                raise
+            self._setup(reader, index, watch)
+            self._generation = forks.generation
 
     @property
     def index_path(self) -> str:
@@ -113,9 +141,18 @@ class SingleFileSource(MountSource):
     def open_info(self, info: FileInfo) -> MemberFile:
         if info is not self._info and info != self._info:
             raise NotFoundError(2, "not a file of this archive")
+        if self._generation != forks.generation:
+            self._renew()
         if self._guard is not None:
             self._guard()
-        return MemberFile(self._reader, 0, self._info.size, name=self.name, guard=self._guard)
+        return MemberFile(
+            self._reader, 0, self._info.size, name=self.name, guard=self._guard, renew=self._reader_after_fork
+        )
+
+    def _reader_after_fork(self) -> Tuple[RandomAccessReader, Optional[Callable[[], None]]]:
+        if self._generation != forks.generation:
+            self._renew()
+        return self._reader, self._guard
 
     def statfs(self) -> Dict[str, int]:
         return {
@@ -131,6 +168,9 @@ class SingleFileSource(MountSource):
         }
 
     def close(self) -> None:
+        if self._generation != forks.generation:  # the parent's: neither used nor freed here
+            forks.park(self._reader, self._index, self._watch)
+            return
         self._index.close()
         self._reader.close()
 
@@ -144,6 +184,7 @@ def open_single_file(
     build_options: Dict[str, str],
     archive_mode: int,
     watch: Optional[ArchiveWatch] = None,
+    renew: "Optional[RenewReader]" = None,
 ) -> SingleFileSource:
     """Index (first time: decompress once to learn the size and seek points) and open."""
     from .archive import row_to_info
@@ -164,4 +205,4 @@ def open_single_file(
     except BaseException:
         index.close()
         raise
-    return SingleFileSource(path, reader, index, info, name, watch)
+    return SingleFileSource(path, reader, index, info, name, watch, renew)

@@ -19,6 +19,7 @@ from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tu
 from ..digest import sha256
 from ..index.pool import ConnectionPool, read_only_uri
 from ..index.sqlite_index import IMPLICIT, encode, split_path
+from ..io import forks
 from ..io.readers import MemberFile
 from .base import FileInfo, MountSource
 
@@ -60,6 +61,20 @@ class UnionSource(MountSource):
         if self.table_path == ":memory:":
             self._build()
         self._pool = ConnectionPool(self.table_path) if self.table_path != ":memory:" else None
+        self._generation = forks.generation
+
+    def _renew(self) -> None:
+        """In a forked child: connections and a lock of this process (the sources renew
+        themselves when used; see ``io/forks.py``). An in-memory table (a union whose table
+        could not be cached on disk) is kept: it holds no descriptor and no thread."""
+        with forks.renewal_lock():
+            if self._generation == forks.generation:
+                return
+            forks.park(self._pool)
+            self._lock = threading.Lock()
+            if self._pool is not None:
+                self._pool = ConnectionPool(self.table_path, self._pool.identity)
+            self._generation = forks.generation
 
     # --- the union-wide table -----------------------------------------------------------------
     def _build(self) -> None:
@@ -111,6 +126,8 @@ class UnionSource(MountSource):
                 conn.executemany("INSERT OR REPLACE INTO entries (parent, name, source) VALUES (?, ?, ?)", rows)
 
     def _query(self, sql: str, params: tuple) -> list:  # type: ignore[type-arg]
+        if self._generation != forks.generation:
+            self._renew()
         if self._pool is not None:
             return self._pool.query(sql, params)  # type: ignore[no-any-return]
         with self._lock:
@@ -180,7 +197,9 @@ class UnionSource(MountSource):
         return result
 
     def close(self) -> None:
-        if self._pool is not None:
+        if self._generation != forks.generation:
+            forks.park(self._pool)  # the parent's connections: neither used nor closed here
+        elif self._pool is not None:
             self._pool.close()
         for source in self.sources:
             source.close()

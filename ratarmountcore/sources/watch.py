@@ -58,6 +58,13 @@ class ArchiveWatch:
         self._next = time.monotonic() + CHECK_INTERVAL
         self._changed: Optional[str] = None
 
+    def renewed(self, fd: int) -> "ArchiveWatch":
+        """The same watch over ``fd`` (a duplicate of this one's), with a lock of its own: for a
+        forked child. What it knows (the archive changed, or was appended to) it keeps."""
+        watch = ArchiveWatch(self.path, fd, self._stats)
+        watch._size, watch._mtime_ns, watch._changed = self._size, self._mtime_ns, self._changed
+        return watch
+
     def check(self) -> None:
         """Raise ``ArchiveChangedError`` if the archive changed (looks at most once per interval)."""
         if self._changed is None:

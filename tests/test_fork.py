@@ -1,0 +1,174 @@
+"""Sources opened before a fork and used on both sides of it (io/forks.py).
+
+A PyTorch DataLoader opens the dataset in the main process and forks its workers; every worker
+then reads through the source the parent opened. Before, a worker's read of a .tar.zst or .tar.xz
+waited forever for decoder threads that exist only in the parent, and a process that read a few
+members of a .tar.gz and exited without closing the source was aborted by rapidgzip (SIGABRT).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import pytest
+from test_compression import compress, make_tar, members_of, split_kind
+
+import ratarmountcore
+from ratarmountcore.io import forks
+from ratarmountcore.sources.base import MountSource
+
+KINDS = ["plain", "gz-cli", "gz-cli@indexed_gzip", "bz2-cli", "zst-python-frames", "zst-cli", "xz-cli-blocks"]
+
+#: What a forked worker reads through (set before the pool forks).
+_WORKER: Dict[str, MountSource] = {}
+
+
+@pytest.fixture(scope="module")
+def tar(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("fork") / "data.tar"
+    make_tar(path, random.Random(7), members=60, max_size=120_000)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def private_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+def archive_of(tar: Path, kind: str, tmp_path: Path) -> Tuple[Path, ratarmountcore.OpenOptions]:
+    plain, opts = split_kind(kind)
+    copy = tmp_path / tar.name
+    copy.write_bytes(tar.read_bytes())
+    return (copy if plain == "plain" else compress(copy, plain)), opts
+
+
+def digests(names: List[str]) -> List[Tuple[str, str]]:
+    """In a worker: each member's SHA-256 as read there."""
+    source = _WORKER["source"]
+    out = []
+    for name in names:
+        with source.open(name) as f:
+            out.append((name, hashlib.sha256(f.read()).hexdigest()))
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_forked_workers_read_what_the_parent_opened(kind: str, tar: Path, tmp_path: Path) -> None:
+    archive, opts = archive_of(tar, kind, tmp_path)
+    expected = {name: hashlib.sha256(data).hexdigest() for name, data in members_of(tar).items()}
+    names = sorted(expected)
+    rng = random.Random(3)
+    with ratarmountcore.open(str(archive), opts) as source:
+        # The parent reads first: decoders, their threads, caches and connections exist at the fork.
+        for name in rng.sample(names, 10):
+            with source.open(name) as f:
+                assert hashlib.sha256(f.read()).hexdigest() == expected[name]
+        held = source.open(names[-1])  # opened before the fork, read after it (in the parent)
+        _WORKER["source"] = source
+        try:
+            work = [rng.sample(names, 12) for _ in range(6)]
+            with multiprocessing.get_context("fork").Pool(3) as pool:
+                results = pool.map_async(digests, work).get(timeout=120)
+        finally:
+            _WORKER.clear()
+        for batch in results:
+            for name, digest in batch:
+                assert digest == expected[name], f"{name}: wrong bytes in a forked worker"
+        # The parent goes on with what it had.
+        for name in rng.sample(names, 10):
+            with source.open(name) as f:
+                assert hashlib.sha256(f.read()).hexdigest() == expected[name]
+        assert hashlib.sha256(held.read()).hexdigest() == expected[names[-1]]
+        held.close()
+
+
+CHILD_SCRIPT = textwrap.dedent(
+    """
+    import hashlib, os, random, sys
+    import ratarmountcore
+    from ratarmountcore.options import CompressionOptions, OpenOptions
+
+    archive, backend, expected_name, expected_digest = sys.argv[1:5]
+    opts = OpenOptions(compression=CompressionOptions(gzip_backend=backend or None))
+    source = ratarmountcore.open(archive, opts)
+    names = []
+    for folder, _dirs, files in source.walk("/"):
+        names += [folder.rstrip("/") + "/" + name for name in files]
+    for name in random.Random(1).sample(names, 20):
+        with source.open(name) as f:
+            f.read()
+    held = source.open(expected_name)
+    held.read(10)
+    pid = os.fork()
+    if pid == 0:
+        # The child reads on from the handle opened before the fork, then exits the normal way
+        # (interpreter shutdown, atexit) without closing anything.
+        held.seek(0)
+        ok = hashlib.sha256(held.read()).hexdigest() == expected_digest
+        for name in random.Random(2).sample(names, 20):
+            with source.open(name) as f:
+                f.read()
+        sys.exit(0 if ok else 3)
+    _, status = os.waitpid(pid, 0)
+    print("child", os.waitstatus_to_exitcode(status), flush=True)
+    # The parent, too, exits without closing its source.
+    """
+)
+
+
+@pytest.mark.parametrize("kind", ["gz-cli", "bz2-cli", "zst-python-frames", "xz-cli-blocks"])
+def test_processes_that_exit_without_closing_end_normally(kind: str, tar: Path, tmp_path: Path) -> None:
+    archive, opts = archive_of(tar, kind, tmp_path)
+    members = members_of(tar)
+    name = max(members, key=lambda n: len(members[n]))
+    digest = hashlib.sha256(members[name]).hexdigest()
+    backend = opts.compression.gzip_backend or ""
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD_SCRIPT, str(archive), backend, name, digest],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, f"exit status {result.returncode}: {result.stderr[-2000:]}"
+    assert result.stdout.split() == ["child", "0"], result.stdout + result.stderr[-2000:]
+
+
+def test_a_fork_bumps_the_generation_only_in_the_child() -> None:
+    before = forks.generation
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, str(forks.generation).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    assert int(os.read(read, 32)) == before + 1
+    os.close(read)
+    assert forks.generation == before
+
+
+def test_union_of_archives_is_read_in_forked_workers(tar: Path, tmp_path: Path) -> None:
+    first, _ = archive_of(tar, "gz-cli", tmp_path)
+    second = tmp_path / "second.tar"
+    make_tar(second, random.Random(8), members=20, max_size=50_000)
+    expected = {n: hashlib.sha256(d).hexdigest() for n, d in members_of(tar).items()}
+    expected.update({n: hashlib.sha256(d).hexdigest() for n, d in members_of(second).items()})  # later wins
+    names = sorted(expected)
+    with ratarmountcore.open([str(first), str(second)]) as source:
+        with source.open(names[0]) as f:
+            f.read()
+        _WORKER["source"] = source
+        try:
+            with multiprocessing.get_context("fork").Pool(2) as pool:
+                results = pool.map_async(digests, [names[i::4] for i in range(4)]).get(timeout=120)
+        finally:
+            _WORKER.clear()
+    for batch in results:
+        for name, digest in batch:
+            assert digest == expected[name], name
