@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import pickle
 import random
 import subprocess
 import sys
@@ -172,3 +173,46 @@ def test_union_of_archives_is_read_in_forked_workers(tar: Path, tmp_path: Path) 
     for batch in results:
         for name, digest in batch:
             assert digest == expected[name], name
+
+
+def digests_of(source: MountSource, names: List[str]) -> List[Tuple[str, str]]:
+    """In a spawned worker: the source arrives pickled, as what it was opened from."""
+    out = []
+    with source:
+        for name in names:
+            with source.open(name) as f:
+                out.append((name, hashlib.sha256(f.read()).hexdigest()))
+    return out
+
+
+@pytest.mark.parametrize("start", ["spawn", "forkserver"])
+def test_sources_pickle_as_what_they_were_opened_from(start: str, tar: Path, tmp_path: Path) -> None:
+    archive, opts = archive_of(tar, "zst-python-frames", tmp_path)
+    second = tmp_path / "second.tar"
+    make_tar(second, random.Random(9), members=10, max_size=20_000)
+    expected = {n: hashlib.sha256(d).hexdigest() for n, d in members_of(tar).items()}
+    expected.update({n: hashlib.sha256(d).hexdigest() for n, d in members_of(second).items()})
+    names = sorted(expected)
+    previous = os.getcwd()
+    os.chdir(tmp_path)  # relative paths: a worker in another folder opens the same files
+    try:
+        source = ratarmountcore.open([archive.name, second.name], opts)
+    finally:
+        os.chdir(previous)
+    index_mtime = os.stat(str(archive) + ".index.sqlite").st_mtime_ns
+    with source:
+        with multiprocessing.get_context(start).Pool(2) as pool:
+            results = pool.starmap_async(digests_of, [(source, names[i::2]) for i in range(2)]).get(timeout=120)
+    for batch in results:
+        for name, digest in batch:
+            assert digest == expected[name], name
+    assert sum(len(batch) for batch in results) == len(names)
+    assert os.stat(str(archive) + ".index.sqlite").st_mtime_ns == index_mtime  # opened, not rebuilt
+
+
+def test_a_source_not_from_open_refuses_to_pickle(tar: Path) -> None:
+    from ratarmountcore.sources.archive import open_archive
+
+    source = open_archive(str(tar))
+    with source, pytest.raises(TypeError, match="only sources from ratarmountcore.open pickle"):
+        pickle.dumps(source)

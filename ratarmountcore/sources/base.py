@@ -78,7 +78,22 @@ StatRow = Tuple[bytes, int, int, int, int, int, int, int, int]
 
 
 class MountSource(ABC):
-    """Read-only tree of files. Implementations must be safe to call from many threads."""
+    """Read-only tree of files. Implementations must be safe to call from many threads.
+
+    A source that ``ratarmountcore.open`` returned pickles as what it was opened from (absolute
+    paths and options), not as its open files: a dataset holding one can be sent to workers
+    started with ``spawn`` or ``forkserver``, each of which opens it again (the index exists, so
+    that is instant). Forked workers use the source as it is (see ``io/forks.py``)."""
+
+    #: (path or paths, OpenOptions) as given to ``ratarmountcore.open``, paths made absolute.
+    reopen_args: Optional[Tuple[Any, Any]] = None
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        if self.reopen_args is None:
+            raise TypeError(f"cannot pickle {type(self).__name__}: only sources from ratarmountcore.open pickle")
+        import ratarmountcore
+
+        return (ratarmountcore.open, self.reopen_args)
 
     # --- primitives ---------------------------------------------------------------------------
     @abstractmethod

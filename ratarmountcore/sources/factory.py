@@ -11,6 +11,16 @@ from .base import MountSource
 
 
 def open_source(source: Union[str, Sequence[str]], options: OpenOptions) -> MountSource:
+    opened = _open(source, options)
+    # How to open it again (``MountSource.__reduce__``), from any working folder.
+    if isinstance(source, (str, os.PathLike)):
+        opened.reopen_args = (os.path.abspath(source), options)
+    else:
+        opened.reopen_args = ([os.path.abspath(p) for p in source], options)
+    return opened
+
+
+def _open(source: Union[str, Sequence[str]], options: OpenOptions) -> MountSource:
     if isinstance(source, (str, os.PathLike)):
         return open_archive(os.fspath(source), options)
     paths = [os.fspath(p) for p in source]
