@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import shutil
@@ -250,6 +251,14 @@ def check_mountpoint(path: str, fuse_options: Dict[str, Union[str, bool]]) -> No
     if not os.path.isdir(path):
         raise RatarmountError(f"mount point {path} is not a directory")
     if os.path.ismount(path):
+        try:
+            os.listdir(path)
+        except OSError as exc:
+            if exc.errno == errno.ENOTCONN:  # its daemon died (killed, out of memory)
+                raise RatarmountError(
+                    f"mount point {path} still holds a mount whose process has ended (transport endpoint "
+                    f"is not connected); unmount it first (ratarmount -u {path})"
+                ) from None
         raise RatarmountError(f"mount point {path} is already a mount point; unmount it first (ratarmount -u {path})")
     if "nonempty" not in fuse_options and os.listdir(path):
         raise RatarmountError(f"mount point {path} is not empty (pass -o nonempty to mount over it anyway)")

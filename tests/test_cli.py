@@ -417,6 +417,35 @@ def test_bad_mountpoint(mounter: Mounter, tmp_path: Path, archive: Path, problem
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def daemon_of(mountpoint: Path) -> int:
+    """The pid of the mount daemon serving ``mountpoint`` (from /proc)."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if os.fsencode(mountpoint) in args and any(b"ratarmount" in a for a in args):
+                return int(entry)
+    raise AssertionError(f"no daemon found for {mountpoint}")
+
+
+@requires_fuse
+def test_mount_point_left_by_a_killed_daemon_is_named_as_such(mounter: Mounter, archive: Path) -> None:
+    mnt = mounter.mount(archive)
+    os.kill(daemon_of(mnt), signal.SIGKILL)
+    for _ in range(100):
+        try:
+            os.listdir(mnt)
+        except OSError:
+            break
+        time.sleep(0.02)
+    result = run_ratarmount(str(archive), str(mnt))
+    assert result.returncode != 0 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "process has ended" in result.stderr and f"ratarmount -u {mnt}" in result.stderr
+    mounter.unmount(mnt)
+
+
 def test_unmount_of_non_mount_fails(tmp_path: Path) -> None:
     result = run_ratarmount("-u", str(tmp_path))
     assert result.returncode != 0 and "not a mount point" in result.stderr
