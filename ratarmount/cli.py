@@ -50,8 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
         "paths",
         nargs="*",
         metavar="ARCHIVE... MOUNTPOINT",
-        help="archives, then the mount point; a single ARCHIVE alone is mounted at its name without the "
-        "archive extension (data.tar.gz at data/, created if missing)",
+        help="archives (or folders), then the mount point; later ones win where names clash; a single "
+        "ARCHIVE alone is mounted at its name without the archive extension (data.tar.gz at data/, created "
+        "if missing)",
     )
     parser.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground (Ctrl+C unmounts)")
     parser.add_argument("-u", "--unmount", metavar="MOUNTPOINT", help="unmount MOUNTPOINT and exit")
@@ -71,7 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
         "archive' (default: ',~/.cache/ratarmount')",
     )
     parser.add_argument("--recreate-index", action="store_true", help="rebuild the index even if a valid one exists")
-    parser.add_argument("-r", "--recursive", action="store_true", help="mount archives inside archives as folders")
+    parser.add_argument(
+        "-r",
+        "--recursive",
+        action="store_true",
+        help="mount archives inside archives (and in folders given as sources) as folders",
+    )
     parser.add_argument(
         "-P",
         "--parallelization",
@@ -191,6 +197,12 @@ def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         parser.error("--read-ahead must be 0 or more KiB")
     fuse_options = parse_fuse_options(args.fuse)
     loop_threads(fuse_options)  # a bad -o max_threads= fails before the archive is opened
+    mountpoint = os.path.realpath(args.paths[-1])
+    for path in args.paths[:-1]:
+        folder = os.path.realpath(path)
+        if os.path.isdir(folder) and (mountpoint == folder or mountpoint.startswith(folder.rstrip("/") + "/")):
+            # (the mount would list itself, and a lookup in it would wait for itself)
+            parser.error(f"the mount point {args.paths[-1]} lies inside the folder {path} it would show")
     return MountOptions(
         # Absolute: libfuse changes the working directory to "/" once it runs.
         sources=[os.path.abspath(p) for p in args.paths[:-1]],

@@ -102,7 +102,8 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
         # reads come with the path. That is two round trips fewer per file read.
         capable = getattr(conn, "capable", 0) if conn is not None else 0
         libfuse3 = getattr(fuse, "fuse_version_major", 2) == 3
-        self._no_open = libfuse3 and bool(capable & FUSE_CAP_NO_OPEN_SUPPORT)
+        # (not for a folder source: its files may change, the kernel would keep their old pages)
+        self._no_open = libfuse3 and self.source.is_immutable and bool(capable & FUSE_CAP_NO_OPEN_SUPPORT)
         if libfuse3 and conn is not None:
             conn.want = wanted_capabilities(conn.want, capable, self.source.is_immutable)
         if self._on_ready is not None:

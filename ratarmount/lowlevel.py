@@ -293,7 +293,13 @@ class LowLevelFuse:
                 if self._libfuse_asks_parallel_dirops:
                     ops.parallel_dirops = bool(capable & info.want & FUSE_CAP_PARALLEL_DIROPS)
                     parallel_dirops.log_outcome(ops.parallel_dirops)
-                ops.init(bool(capable & FUSE_CAP_NO_OPEN_SUPPORT), bool(capable & FUSE_CAP_NO_OPENDIR_SUPPORT))
+                # Opens without messages keep the kernel's caches of the files and listings:
+                # only for an immutable source (a folder may change).
+                immutable = ops.source.is_immutable
+                ops.init(
+                    immutable and bool(capable & FUSE_CAP_NO_OPEN_SUPPORT),
+                    immutable and bool(capable & FUSE_CAP_NO_OPENDIR_SUPPORT),
+                )
             except BaseException as exc:  # noqa: BLE001 - never let an exception cross into C
                 logger.error("init failed: %s", exc)
 

@@ -118,6 +118,9 @@ class LowLevelOperations:
         #: Worker threads answering a lookup or a read right now (set operations are atomic).
         self._busy: Set[int] = set()
         self._timeout = TIMEOUT if source.is_immutable else 1
+        #: The kernel keeps what it read of a file (or listing) for the next open: not for a folder
+        #: source, whose files may change.
+        self._keep_cache = abi.FOPEN_KEEP_CACHE if source.is_immutable else 0
         # LOOKUP, then GETATTR or READ of the same path: remember recent answers (misses too).
         self._entry: Callable[[str], Optional[Entry]] = (
             functools.lru_cache(maxsize=ENTRY_CACHE)(self._lookup_entry) if source.is_immutable else self._lookup_entry
@@ -377,7 +380,7 @@ class LowLevelOperations:
             raise _errno(errno.EISDIR)
         if self.no_open:
             raise _errno(errno.ENOSYS)  # see init; the open itself succeeds
-        return abi.open_out(self.files.open(info), abi.FOPEN_KEEP_CACHE)
+        return abi.open_out(self.files.open(info), self._keep_cache)
 
     def read(self, node: int, handle: int, offset: int, view: memoryview) -> int:
         me = threading.get_ident()
@@ -400,7 +403,7 @@ class LowLevelOperations:
             raise _errno(errno.ENOSYS)  # see init; the kernel lists by node id from now on
         handle = next(self._next_handle)
         self._listings[handle] = self._make_listing(node)
-        return abi.open_out(handle, abi.FOPEN_KEEP_CACHE | abi.FOPEN_CACHE_DIR)
+        return abi.open_out(handle, self._keep_cache | (abi.FOPEN_CACHE_DIR if self._keep_cache else 0))
 
     def _make_listing(self, node: int) -> Listing:
         path, own = self._resolve(node)

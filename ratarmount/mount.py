@@ -36,7 +36,10 @@ def fsname_for(source_label: str) -> str:
     return f"ratarmount:{label}"[:200].replace(",", "_")
 
 
-def fuse_kwargs(options: MountOptions, source_label: str) -> Dict[str, Union[str, bool]]:
+def fuse_kwargs(options: MountOptions, source_label: str, immutable: bool = True) -> Dict[str, Union[str, bool]]:
+    """``immutable``: False for a mount that shows a folder, whose files may change: the kernel
+    keeps what it learned for a second, and no pages across opens."""
+    timeout = "86400" if immutable else "1"
     kwargs: Dict[str, Union[str, bool]] = {
         "ro": True,
         "fsname": fsname_for(source_label),
@@ -45,10 +48,10 @@ def fuse_kwargs(options: MountOptions, source_label: str) -> Dict[str, Union[str
         "default_permissions": True,
         # The tree never changes while mounted: let the kernel cache pages, attributes, entries
         # and misses for a day.
-        "kernel_cache": True,
-        "attr_timeout": "86400",
-        "entry_timeout": "86400",
-        "negative_timeout": "86400",
+        "kernel_cache": immutable,
+        "attr_timeout": timeout,
+        "entry_timeout": timeout,
+        "negative_timeout": timeout,
     }
     from .fuse_compat import fuse
 
@@ -174,7 +177,7 @@ def run_fuse(
                 options.mountpoint,
                 foreground=True,
                 debug=options.debug >= 2,
-                **fuse_kwargs(options, label),
+                **fuse_kwargs(options, label, source.is_immutable),
             )
         except RuntimeError:
             # libfuse 3 reports a loop ended by SIGINT/SIGTERM as an error, after it has

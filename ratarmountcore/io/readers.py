@@ -94,6 +94,14 @@ class PlainFileReader:
             os.set_blocking(self.fd, True)
         self.size = st.st_size
 
+    @classmethod
+    def from_fd(cls, path: str, fd: int) -> "PlainFileReader":
+        """A reader that owns ``fd`` (opened by the caller; made blocking here)."""
+        reader = cls.__new__(cls)
+        os.set_blocking(fd, True)
+        reader.path, reader.fd, reader.size = path, fd, os.fstat(fd).st_size
+        return reader
+
     def duplicate(self) -> "PlainFileReader":
         """A reader of its own over the same open file (``os.dup``): for a forked child, which
         must not close what its parent's objects hold."""
@@ -235,10 +243,13 @@ class MemberFile(io.RawIOBase):
         name: str = "",
         guard: Optional[Callable[[], None]] = None,
         renew: Optional[Callable[[], Tuple[RandomAccessReader, Optional[Callable[[], None]]]]] = None,
+        on_close: Optional[Callable[[], None]] = None,
     ) -> None:
         """``renew``: in a forked child, the reader and guard of that process (``io/forks.py``);
-        without it, a handle opened before a fork fails with EIO after it."""
+        without it, a handle opened before a fork fails with EIO after it. ``on_close``: called
+        once when the handle is closed (a reader of its own to close)."""
         super().__init__()
+        self._on_close = on_close
         self._reader = reader
         self._generation = forks.generation
         self._renew = renew
@@ -261,6 +272,14 @@ class MemberFile(io.RawIOBase):
             self._stored = stored
         else:
             self._extents = []
+
+    def close(self) -> None:
+        on_close, self._on_close = self._on_close, None
+        try:
+            super().close()
+        finally:
+            if on_close is not None:
+                on_close()
 
     def _after_fork(self) -> None:
         """Opened before a fork, used after it: take this process's reader (the parent's waits

@@ -22,18 +22,34 @@ def open_source(source: Union[str, Sequence[str]], options: OpenOptions) -> Moun
 
 def _open(source: Union[str, Sequence[str]], options: OpenOptions) -> MountSource:
     if isinstance(source, (str, os.PathLike)):
-        return open_archive(os.fspath(source), options)
+        return _open_one(os.fspath(source), options)
     paths = [os.fspath(p) for p in source]
     if len(paths) == 1:
-        return open_archive(paths[0], options)
+        return _open_one(paths[0], options)
     from .union import UnionSource
 
     opened = []
     try:
         for path in paths:
-            opened.append(open_archive(path, options))
+            opened.append(_open_one(path, options))
     except BaseException:
         for src in opened:
             src.close()
         raise
     return UnionSource(opened)
+
+
+def _open_one(path: str, options: OpenOptions) -> MountSource:
+    """An archive, or a folder (see ``directory.py``; with ``recursive``, its archives are opened
+    and indexed now, so that no read waits for an index later)."""
+    if not os.path.isdir(path):
+        return open_archive(path, options)
+    from .directory import DirectorySource
+
+    folder = DirectorySource(path, options)
+    try:
+        folder.open_archives()
+    except BaseException:
+        folder.close()
+        raise
+    return folder

@@ -79,7 +79,7 @@ class UnionSource(MountSource):
     # --- the union-wide table -----------------------------------------------------------------
     def _build(self) -> None:
         if self.table_path == ":memory:":
-            conn = sqlite3.connect(":memory:", check_same_thread=False)
+            conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
             self._fill(conn)
             self._memory = conn
             return
@@ -141,6 +141,10 @@ class UnionSource(MountSource):
         return self._query("SELECT name, source FROM entries WHERE parent = ?", (encode(path),))
 
     # --- MountSource --------------------------------------------------------------------------
+    @property
+    def is_immutable(self) -> bool:
+        return all(source.is_immutable for source in self.sources)
+
     def _wrap(self, number: int, info: FileInfo) -> FileInfo:
         ino = info.ino if info.ino <= 1 and number == 0 else (number << INO_SHIFT) | info.ino
         return info._replace(ino=ino if info.ino else 0, locator=UnionLocator(number, info))

@@ -1,0 +1,339 @@
+"""A folder of the local file system as a source.
+
+Alone it is a read-only view of the folder; in a union it lays a folder over archives (a few
+corrected files over a dataset tar), or archives over it. With ``recursive`` (``-r``) the tar
+archives in it appear as folders of the same name holding their members, as archives inside
+archives do: a folder of ImageNet's 1,000 class tars (``train/n01440764.tar``, ...) reads as
+``train/n01440764.tar/n01440764_10026.JPEG``.
+
+Paths are resolved one component at a time from a descriptor of the folder with ``O_NOFOLLOW``:
+a symbolic link inside the folder is shown as a link (its target for the kernel to resolve,
+relative to the mount), never followed by us, so nothing outside the folder is reached through
+one. Unlike archives, a folder may change while mounted: the source says it is not immutable,
+and the front-ends cache its entries for a second instead of a day.
+
+An archive in the folder is recognised by its first block (a tar header), or, for compressed
+files, by a tar-like name (``.tar.gz``, ``.tgz``, ...) *and* the compression's magic bytes:
+telling a compressed tar from a compressed CSV needs the first decompressed block, and opening a
+decompressor for every ``.gz`` file of a folder would cost more than the listing. Archives are
+opened (and indexed, the first time) when first reached; ``open_archives`` opens all of them at
+once (the mount does, before it starts serving, so that no FUSE request waits for an index). An
+archive's index written beside it (``NAME.index.sqlite``) is left out of listings.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
+
+from ..errors import NotFoundError, RatarmountError
+from ..formats import COMPRESSIONS, FormatId, sniff_bytes
+from ..index.locations import INDEX_SUFFIX
+from ..io import forks
+from ..io.readers import MemberFile, PlainFileReader
+from ..options import OpenOptions
+from .base import FileInfo, MountSource
+
+logger = logging.getLogger(__name__)
+
+#: Names of compressed files that may hold a tar (the magic bytes must match as well).
+TAR_NAMES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tbz", ".tar.zst", ".tzst", ".tar.xz", ".txz")
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+class FileLocator(NamedTuple):
+    #: Path relative to the folder ("a/b.txt").
+    relative: str
+
+
+class MemberLocator(NamedTuple):
+    #: Path of the archive relative to the folder, and the member's info in the archive's source.
+    archive: str
+    info: FileInfo
+
+
+class _Resolved(NamedTuple):
+    """Where a path leads: a file system entry (``parent`` descriptor and ``name``; the caller
+    closes ``parent`` unless it is the root's), or into the archive at ``archive``."""
+
+    parent: int
+    name: str
+    relative: str
+    archive: Optional[MountSource] = None
+    archive_relative: str = ""
+    inner: str = "/"
+
+
+class DirectorySource(MountSource):
+    def __init__(self, path: str, options: Optional[OpenOptions] = None) -> None:
+        self.path = os.path.abspath(path)
+        self._options = options or OpenOptions()
+        self._recursive = self._options.recursive
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise RatarmountError(f"{path}: cannot open the folder ({exc.strerror})") from None
+        self._lock = threading.Lock()
+        self._generation = forks.generation
+        #: relative path -> ((device, inode, size, mtime), the archive's source or None: not one)
+        self._archives: Dict[str, Tuple[Tuple[int, int, int, int], Optional[MountSource]]] = {}
+
+    @property
+    def is_immutable(self) -> bool:
+        return False
+
+    # --- resolving paths ----------------------------------------------------------------------
+    def _resolve(self, path: str) -> Optional[_Resolved]:
+        """Follow ``path`` (normalized, absolute, not "/") down from the folder, never through a
+        symbolic link; None when a component is missing or not a folder (or archive)."""
+        parts = path.strip("/").split("/")
+        fd = self._fd
+        try:
+            for depth, part in enumerate(parts[:-1]):
+                if self._recursive:
+                    st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode):
+                        relative = "/".join(parts[: depth + 1])
+                        archive = self._archive(fd, part, relative, st)
+                        if archive is None:
+                            return None
+                        if fd != self._fd:
+                            os.close(fd)
+                        inner = "/" + "/".join(parts[depth + 1 :])
+                        return _Resolved(self._fd, "", relative, archive, relative, inner)
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                if fd != self._fd:
+                    os.close(fd)
+                fd = child
+        except OSError:  # missing, not a folder, a symbolic link (ELOOP), no permission
+            if fd != self._fd:
+                os.close(fd)
+            return None
+        return _Resolved(fd, parts[-1], "/".join(parts))
+
+    def _done(self, resolved: _Resolved) -> None:
+        if resolved.parent != self._fd:
+            os.close(resolved.parent)
+
+    # --- archives in the folder ---------------------------------------------------------------
+    def _archive(self, parent: int, name: str, relative: str, st: os.stat_result) -> Optional[MountSource]:
+        """The source of the archive at ``relative`` (opened on first use), or None when the
+        regular file there is not an archive (or cannot be opened as one: a warning says why)."""
+        if self._generation != forks.generation:
+            self._renew()
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        with self._lock:
+            known = self._archives.get(relative)
+            if known is not None and known[0] == key:
+                return known[1]
+            source = self._open_archive(parent, name, relative) if self._looks_like_archive(parent, name) else None
+            if known is not None and known[1] is not None:
+                known[1].close()  # the file changed: its index was checked again above
+            self._archives[relative] = (key, source)
+            return source
+
+    def _looks_like_archive(self, parent: int, name: str) -> bool:
+        try:
+            fd = os.open(name, _FILE_FLAGS, dir_fd=parent)
+        except OSError:
+            return False
+        try:
+            head = os.pread(fd, 512, 0)
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        fmt = sniff_bytes(head)
+        return fmt is FormatId.TAR or (fmt in COMPRESSIONS and name.lower().endswith(TAR_NAMES))
+
+    def _open_archive(self, parent: int, name: str, relative: str) -> Optional[MountSource]:
+        from .archive import ArchiveSource, open_archive
+
+        path = os.path.join(self.path, relative)
+        try:
+            source = open_archive(path, self._options)
+        except (RatarmountError, OSError, ValueError) as exc:
+            logger.warning("%s: shown as a file, not as a folder: %s", path, exc)
+            return None
+        if not isinstance(source, ArchiveSource):  # a compressed file that is not a tar
+            source.close()
+            return None
+        return source
+
+    def open_archives(self) -> int:
+        """Open (and index, the first time) every archive in the folder tree now; how many."""
+        if not self._recursive:
+            return 0
+        count = 0
+        stack = [""]
+        while stack:
+            folder = stack.pop()
+            fd = self._open_folder(folder)
+            if fd is None:
+                continue
+            try:
+                with os.scandir(fd) as found:
+                    for item in found:
+                        relative = f"{folder}/{item.name}" if folder else item.name
+                        st = item.stat(follow_symlinks=False)
+                        if stat.S_ISDIR(st.st_mode):
+                            stack.append(relative)
+                        elif stat.S_ISREG(st.st_mode) and self._archive(fd, item.name, relative, st) is not None:
+                            count += 1
+            finally:
+                if fd != self._fd:
+                    os.close(fd)
+        return count
+
+    # --- entries ------------------------------------------------------------------------------
+    def _entry(self, parent: int, name: str, relative: str, st: os.stat_result) -> FileInfo:
+        if self._recursive and stat.S_ISREG(st.st_mode):
+            archive = self._archive(parent, name, relative, st)
+            if archive is not None:
+                root = archive.lookup("/")
+                if root is not None:
+                    return root._replace(ino=0, mtime_ns=st.st_mtime_ns, locator=MemberLocator(relative, root))
+        linkname = ""
+        if stat.S_ISLNK(st.st_mode):
+            linkname = os.readlink(name, dir_fd=parent)
+        return FileInfo(
+            mode=st.st_mode, size=st.st_size if not stat.S_ISDIR(st.st_mode) else 0, mtime_ns=st.st_mtime_ns,
+            uid=st.st_uid, gid=st.st_gid, nlink=st.st_nlink, ino=0, linkname=linkname, rdev=st.st_rdev,
+            locator=FileLocator(relative),
+        )  # fmt: skip
+
+    @staticmethod
+    def _member(relative: str, info: FileInfo) -> FileInfo:
+        return info._replace(ino=0, locator=MemberLocator(relative, info))
+
+    def lookup(self, path: str) -> Optional[FileInfo]:
+        if path == "/":
+            st = os.fstat(self._fd)
+            return FileInfo(
+                mode=st.st_mode, size=0, mtime_ns=st.st_mtime_ns, uid=st.st_uid, gid=st.st_gid,
+                nlink=st.st_nlink, ino=1, locator=FileLocator(""),
+            )  # fmt: skip
+        resolved = self._resolve(path)
+        if resolved is None:
+            return None
+        if resolved.archive is not None:
+            inner = resolved.archive.lookup(resolved.inner)
+            return None if inner is None else self._member(resolved.archive_relative, inner)
+        try:
+            st = os.stat(resolved.name, dir_fd=resolved.parent, follow_symlinks=False)
+            return self._entry(resolved.parent, resolved.name, resolved.relative, st)
+        except OSError:
+            return None
+        finally:
+            self._done(resolved)
+
+    def list_entries(self, path: str) -> Optional[Iterable[Tuple[str, FileInfo]]]:
+        info = self.lookup(path)
+        if info is None or not info.is_dir:
+            return None
+        locator = info.locator
+        if isinstance(locator, MemberLocator):
+            archive = self._archive_at(locator.archive)
+            inner = locator.info
+            inner_path = self._inner_path(path, locator.archive)
+            members = archive.list_entries(inner_path) if archive is not None and inner is not None else None
+            return None if members is None else [(n, self._member(locator.archive, i)) for n, i in members]
+        folder = locator.relative if isinstance(locator, FileLocator) else ""
+        fd = self._open_folder(folder)
+        if fd is None:
+            return None
+        result: List[Tuple[str, FileInfo]] = []
+        try:
+            with os.scandir(fd) as found:
+                for item in found:
+                    relative = f"{folder}/{item.name}" if folder else item.name
+                    try:
+                        st = item.stat(follow_symlinks=False)
+                        result.append((item.name, self._entry(fd, item.name, relative, st)))
+                    except OSError:  # removed meanwhile
+                        continue
+        finally:
+            if fd != self._fd:
+                os.close(fd)
+        if self._recursive:  # the indexes of the archives shown as folders are ours, not the folder's
+            shown = {name for name, info in result if isinstance(info.locator, MemberLocator)}
+            result = [(n, i) for n, i in result if not (n.endswith(INDEX_SUFFIX) and n[: -len(INDEX_SUFFIX)] in shown)]
+        return result
+
+    def _open_folder(self, relative: str) -> Optional[int]:
+        if not relative:
+            return self._fd
+        resolved = self._resolve("/" + relative)
+        if resolved is None or resolved.archive is not None:
+            return None
+        try:
+            return os.open(resolved.name, _DIR_FLAGS, dir_fd=resolved.parent)
+        except OSError:
+            return None
+        finally:
+            self._done(resolved)
+
+    @staticmethod
+    def _inner_path(path: str, archive_relative: str) -> str:
+        """``/a/b.tar/x/y`` with the archive at ``a/b.tar`` -> ``/x/y``."""
+        rest = path.strip("/")[len(archive_relative) :]
+        return "/" + rest.strip("/")
+
+    def _archive_at(self, relative: str) -> Optional[MountSource]:
+        with self._lock:
+            known = self._archives.get(relative)
+        return known[1] if known is not None else None
+
+    def open_info(self, info: FileInfo) -> MemberFile:
+        locator = info.locator
+        if isinstance(locator, MemberLocator):
+            archive = self._archive_at(locator.archive)
+            if archive is None:
+                raise NotFoundError(2, "No such file or directory", locator.archive)
+            return archive.open_info(locator.info)
+        if not isinstance(locator, FileLocator) or not locator.relative:
+            raise NotFoundError(2, "not a file of this folder")
+        resolved = self._resolve("/" + locator.relative)
+        if resolved is None or resolved.archive is not None:
+            raise NotFoundError(2, "No such file or directory", locator.relative)
+        try:
+            fd = os.open(resolved.name, _FILE_FLAGS, dir_fd=resolved.parent)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, locator.relative) from None
+        finally:
+            self._done(resolved)
+        reader = PlainFileReader.from_fd(os.path.join(self.path, locator.relative), fd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            reader.close()
+            raise NotFoundError(2, "not a regular file", locator.relative)
+        return MemberFile(reader, 0, reader.size, name=locator.relative, on_close=reader.close)
+
+    def statfs(self) -> Dict[str, int]:
+        st = os.statvfs(self._fd)
+        return {
+            "f_bsize": st.f_bsize, "f_frsize": st.f_frsize, "f_blocks": st.f_blocks, "f_bfree": 0, "f_bavail": 0,
+            "f_files": st.f_files, "f_ffree": 0, "f_favail": 0, "f_namemax": st.f_namemax,
+        }  # fmt: skip
+
+    # --- life cycle ---------------------------------------------------------------------------
+    def _renew(self) -> None:
+        """In a forked child: a lock of its own (the archives renew themselves when used)."""
+        with forks.renewal_lock():
+            if self._generation != forks.generation:
+                self._lock = threading.Lock()
+                self._generation = forks.generation
+
+    def close(self) -> None:
+        with self._lock:
+            archives = [source for _key, source in self._archives.values() if source is not None]
+            self._archives.clear()
+        for source in archives:
+            source.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

@@ -1,0 +1,166 @@
+"""Folders as sources (sources/directory.py): alone, in unions, and with -r their archives as folders."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict
+
+import pytest
+from conftest import Mounter, run_ratarmount, tar_bytes
+from hypothesis import given, settings
+from tarcompare import compare_trees, snapshot_dir, snapshot_source
+from test_roundtrip import Tree, materialize, trees
+
+import ratarmountcore
+from ratarmountcore.options import OpenOptions
+from ratarmountcore.sources.directory import DirectorySource
+
+
+@pytest.fixture(autouse=True)
+def private_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+CLASSES: Dict[str, Dict[str, bytes]] = {
+    f"n{c:04d}": {f"n{c:04d}_{i}.JPEG": f"class {c} image {i}".encode() * (i + 1) for i in range(3)} for c in range(3)
+}
+
+
+def dataset(root: Path) -> Path:
+    """train/ with class tars (one gzip-compressed), a plain file, a .gz that is not a tar, a
+    file named .tar that is not one, and links that point out of the folder."""
+    train = root / "train"
+    train.mkdir(parents=True)
+    for name, files in CLASSES.items():
+        data = tar_bytes(files)
+        if name == "n0002":
+            (train / f"{name}.tar.gz").write_bytes(gzip.compress(data))
+        else:
+            (train / f"{name}.tar").write_bytes(data)
+    (root / "labels.txt").write_text("n0000\nn0001\nn0002\n")
+    (root / "table.csv.gz").write_bytes(gzip.compress(b"a,b\n1,2\n"))
+    (root / "fake.tar").write_bytes(b"not a tar at all" * 100)
+    os.symlink("/etc", root / "etc-link")
+    os.symlink("../labels.txt", train / "labels-link")
+    return root
+
+
+def class_path(name: str) -> str:
+    return f"/train/{name}.tar.gz" if name == "n0002" else f"/train/{name}.tar"
+
+
+def test_folder_alone_shows_the_folder_as_it_is(tmp_path: Path) -> None:
+    root = dataset(tmp_path / "data")
+    with ratarmountcore.open(str(root)) as src:
+        assert isinstance(src, DirectorySource) and not src.is_immutable
+        assert src.listdir("/") == sorted(os.listdir(root))
+        assert src.read("/labels.txt") == (root / "labels.txt").read_bytes()
+        assert src.info("/train/n0000.tar").is_file  # without -r an archive is a file
+        assert src.read("/train/n0000.tar") == (root / "train/n0000.tar").read_bytes()
+        assert src.readlink("/etc-link") == "/etc"
+        assert src.lookup("/etc-link/passwd") is None  # links are never followed
+        assert src.lookup("/train/labels-link/x") is None
+        assert src.lookup("/missing") is None and src.lookup("/labels.txt/x") is None
+    compare_trees(snapshot_dir(root), snapshot_source(ratarmountcore.open(str(root))), label="folder")
+
+
+def test_recursive_folder_shows_its_archives_as_folders(tmp_path: Path) -> None:
+    root = dataset(tmp_path / "data")
+    with ratarmountcore.open(str(root), OpenOptions(recursive=True)) as src:
+        for name, files in CLASSES.items():
+            assert src.is_dir(class_path(name))
+            for member, data in files.items():
+                assert src.read(f"{class_path(name)}/{member}") == data
+            assert src.listdir(class_path(name)) == sorted(files)
+        # Indexes written beside the archives are not shown; what is not a tar stays a file.
+        assert src.listdir("/train") == ["labels-link", "n0000.tar", "n0001.tar", "n0002.tar.gz"]
+        assert (root / "train/n0000.tar.index.sqlite").exists()
+        assert src.read("/table.csv.gz") == (root / "table.csv.gz").read_bytes()
+        assert src.read("/fake.tar") == (root / "fake.tar").read_bytes()
+        assert src.lookup("/train/n0000.tar/missing.JPEG") is None
+    # The second open finds the indexes: nothing is rebuilt.
+    before = {p.name: p.stat().st_mtime_ns for p in (root / "train").glob("*.index.sqlite")}
+    with ratarmountcore.open(str(root), OpenOptions(recursive=True)) as src:
+        assert src.read("/train/n0001.tar/n0001_2.JPEG") == CLASSES["n0001"]["n0001_2.JPEG"]
+    assert before == {p.name: p.stat().st_mtime_ns for p in (root / "train").glob("*.index.sqlite")}
+
+
+def test_union_of_an_archive_and_a_folder_later_wins(tmp_path: Path) -> None:
+    base = tmp_path / "base.tar"
+    base.write_bytes(tar_bytes({"d/a.txt": b"old a", "d/b.txt": b"old b", "only.txt": b"base"}))
+    fixes = tmp_path / "fixes"
+    (fixes / "d").mkdir(parents=True)
+    (fixes / "d/a.txt").write_bytes(b"fixed a")
+    (fixes / "new.txt").write_bytes(b"new")
+    with ratarmountcore.open([str(base), str(fixes)]) as src:
+        assert not src.is_immutable
+        assert src.read("/d/a.txt") == b"fixed a"
+        assert src.read("/d/b.txt") == b"old b"
+        assert src.listdir("/") == ["d", "new.txt", "only.txt"]
+        assert src.listdir("/d") == ["a.txt", "b.txt"]
+    with ratarmountcore.open([str(fixes), str(base)]) as src:
+        assert src.read("/d/a.txt") == b"old a"
+
+
+@settings(settings.get_profile("roundtrip-api"))
+@given(tree=trees())
+def test_any_folder_reads_back_as_it_is(tree: Tree) -> None:
+    with tempfile.TemporaryDirectory() as work:
+        root = Path(work) / "root"
+        materialize(tree, root)
+        with DirectorySource(str(root)) as src:
+            compare_trees(snapshot_dir(root), snapshot_source(src), label="folder source")
+
+
+def test_mount_of_a_folder_with_archives(mounter: Mounter, tmp_path: Path) -> None:
+    root = dataset(tmp_path / "data")
+    mnt = mounter.mount(root, extra=["-r"])
+    for name, files in CLASSES.items():
+        assert sorted(os.listdir(mnt / class_path(name).lstrip("/"))) == sorted(files)
+        for member, data in files.items():
+            assert (mnt / class_path(name).lstrip("/") / member).read_bytes() == data
+    assert (mnt / "labels.txt").read_bytes() == (root / "labels.txt").read_bytes()
+    assert os.readlink(mnt / "etc-link") == "/etc"
+    with pytest.raises(OSError):
+        (mnt / "labels.txt").write_text("x")
+    # A folder may change while mounted: the mount shows the change a second later.
+    (root / "labels.txt").write_text("n9999\nn9998\nn9997\n")  # same size, other bytes
+    (root / "added.txt").write_text("added")
+    time.sleep(1.2)
+    assert (mnt / "labels.txt").read_text() == "n9999\nn9998\nn9997\n"
+    assert (mnt / "added.txt").read_text() == "added"
+    mounter.unmount(mnt)
+
+
+def test_mount_point_inside_the_folder_is_refused(tmp_path: Path) -> None:
+    root = dataset(tmp_path / "data")
+    inside = root / "mnt"
+    inside.mkdir()
+    result = run_ratarmount(str(root), str(inside))
+    assert result.returncode != 0 and "lies inside the folder" in result.stderr
+    assert "Traceback" not in result.stderr and not os.path.ismount(inside)
+
+
+@pytest.mark.skipif(os.environ.get("ROUNDTRIP_FUSE_EXAMPLES") == "0", reason="FUSE round trips turned off")
+@settings(settings.get_profile("roundtrip-fuse"))
+@given(tree=trees())
+def test_any_folder_mounted_reads_back_as_it_is(tree: Tree) -> None:
+    from conftest import fuse_available, lazy_unmount
+
+    if not fuse_available():
+        pytest.skip("needs /dev/fuse and fusermount")
+    with tempfile.TemporaryDirectory() as work:
+        root = Path(work) / "root"
+        materialize(tree, root)
+        mnt = Path(work) / "mnt"
+        mnt.mkdir()
+        result = run_ratarmount(str(root), str(mnt))
+        assert result.returncode == 0, result.stderr
+        try:
+            compare_trees(snapshot_dir(root), snapshot_dir(mnt), check_root=False, label="mounted folder")
+        finally:
+            lazy_unmount(mnt)
