@@ -21,6 +21,7 @@ from ..options import CompressionOptions, OpenOptions
 from ..tar.indexing import NamespacedSeekPoints, index_tar, open_nested_compressed
 from ..tar.sample import tell_member_size
 from .base import VERSIONS_SUFFIX, FileInfo, MountSource, StatRow
+from .renewal import RenewedAfterFork, RenewReader
 from .watch import ArchiveWatch
 
 logger = logging.getLogger(__name__)
@@ -83,12 +84,7 @@ def _version_info(row: Row) -> FileInfo:
     return info._replace(ino=0) if info.is_dir else info
 
 
-#: Makes, in a forked child, a reader of the archive (and a watch over it) of the child's own,
-#: given the child's index reader (see ``io/forks.py``).
-RenewReader = Callable[[IndexReader], Tuple[RandomAccessReader, Optional[ArchiveWatch]]]
-
-
-class ArchiveSource(MountSource):
+class ArchiveSource(RenewedAfterFork, MountSource):
     """Members of one archive. Lookups are indexed SQLite queries (one connection per thread);
     reads go through the shared, thread-safe ``RandomAccessReader``.
 
@@ -134,23 +130,8 @@ class ArchiveSource(MountSource):
         self._nested_lock = threading.Lock()
         self._folder_rows = FolderRows(index.list, max_rows=4096)
 
-    def _renew(self) -> None:
-        """In a forked child: park the parent's reader, nested readers and index connections (to
-        be neither used nor freed here) and make this process's own."""
-        with forks.renewal_lock():
-            if self._generation == forks.generation:
-                return
-            forks.park(self._reader, self._index, self._watch, self._nested, self._folder_rows)
-            if self._renew_reader is None:
-                raise RatarmountError(f"{self.path}: opened before a fork and cannot be used after it; open it again")
-            index = self._index.renewed()
-            try:
-                reader, watch = self._renew_reader(index)
-            except BaseException:
-                index.close()
-                raise
-            self._setup(reader, index, watch)
-            self._generation = forks.generation
+    def _parent_objects(self) -> Tuple[object, ...]:
+        return (self._reader, self._index, self._watch, self._nested, self._folder_rows)
 
     @property
     def index_path(self) -> str:
@@ -311,7 +292,7 @@ class ArchiveSource(MountSource):
 
     def close(self) -> None:
         if self._generation != forks.generation:  # the parent's: neither used nor freed here
-            forks.park(self._reader, self._index, self._watch, self._nested, self._folder_rows)
+            self._park_parent_objects()
             return
         with self._nested_lock:
             for nested in self._nested.values():

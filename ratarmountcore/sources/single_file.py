@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from typing import TYPE_CHECKING, Callable, Dict, Iterable, Optional, Tuple
+from typing import Callable, Dict, Iterable, Optional, Tuple
 
 from ..compression.base import CompressedReader
-from ..errors import InvalidIndexError, NotFoundError, RatarmountError
+from ..errors import InvalidIndexError, NotFoundError
 from ..index.builder import open_or_build
 from ..index.fingerprint import ArchiveStats
 from ..index.sqlite_index import IndexReader, IndexWriter
@@ -22,10 +22,8 @@ from ..io.readers import MemberFile, RandomAccessReader
 from ..options import OpenOptions
 from ..tar.scanner import KIND_FILE, MemberRecord
 from .base import FileInfo, MountSource
+from .renewal import RenewedAfterFork, RenewReader
 from .watch import ArchiveWatch
-
-if TYPE_CHECKING:
-    from .archive import RenewReader
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +76,7 @@ def single_file_record(
     )
 
 
-class SingleFileSource(MountSource):
+class SingleFileSource(RenewedAfterFork, MountSource):
     """A root folder holding one file: the decompressed content."""
 
     def __init__(
@@ -89,7 +87,7 @@ class SingleFileSource(MountSource):
         info: FileInfo,
         name: str,
         watch: Optional[ArchiveWatch] = None,
-        renew: "Optional[RenewReader]" = None,
+        renew: Optional[RenewReader] = None,
     ) -> None:
         self.path = path
         self.name = name
@@ -106,23 +104,6 @@ class SingleFileSource(MountSource):
         self._index = index
         self._watch = watch
         self._guard: Optional[Callable[[], None]] = watch.check if watch is not None else None
-
-    def _renew(self) -> None:
-        """In a forked child (see ``io/forks.py`` and ``ArchiveSource._renew``)."""
-        with forks.renewal_lock():
-            if self._generation == forks.generation:
-                return
-            forks.park(self._reader, self._index, self._watch)
-            if self._renew_reader is None:
-                raise RatarmountError(f"{self.path}: opened before a fork and cannot be used after it; open it again")
-            index = self._index.renewed()
-            try:
-                reader, watch = self._renew_reader(index)
-            except BaseException:
-                index.close()
-                raise
-            self._setup(reader, index, watch)
-            self._generation = forks.generation
 
     @property
     def index_path(self) -> str:
@@ -169,7 +150,7 @@ class SingleFileSource(MountSource):
 
     def close(self) -> None:
         if self._generation != forks.generation:  # the parent's: neither used nor freed here
-            forks.park(self._reader, self._index, self._watch)
+            self._park_parent_objects()
             return
         self._index.close()
         self._reader.close()
@@ -184,7 +165,7 @@ def open_single_file(
     build_options: Dict[str, str],
     archive_mode: int,
     watch: Optional[ArchiveWatch] = None,
-    renew: "Optional[RenewReader]" = None,
+    renew: Optional[RenewReader] = None,
 ) -> SingleFileSource:
     """Index (first time: decompress once to learn the size and seek points) and open."""
     from .archive import row_to_info
