@@ -122,6 +122,7 @@ def test_read_aheads_are_paid_from_a_budget(archive: Path, monkeypatch: pytest.M
     """Two read-aheads at once at most; then one only as the budget fills up again."""
     index = index_of(archive)
     monkeypatch.setattr(warm, "REWARM_RATE", 1)  # the budget fills up by a byte per second
+    monkeypatch.setattr(warm, "UNRELIABLE_WITHIN", 0.0)  # (evicted at once on purpose)
     pool = ConnectionPool(str(index))
     try:
         pool.query("SELECT 1 FROM metadata LIMIT 1")
@@ -137,6 +138,28 @@ def test_read_aheads_are_paid_from_a_budget(archive: Path, monkeypatch: pytest.M
         assert started[:2] == [1, 2] and started[2:] == [2, 2]
         wait_until_idle(warmer)
         assert cached_pages(index) < pages(index)  # the last eviction stays
+    finally:
+        pool.close()
+
+
+def test_pages_missing_right_after_a_read_ahead_pause_the_probes(archive: Path) -> None:
+    """A file system whose probe always says "not cached", or a machine that evicts as fast as
+    the index is read: no read-ahead after read-ahead."""
+    index = index_of(archive)
+    pool = ConnectionPool(str(index))
+    try:
+        pool.query("SELECT 1 FROM metadata LIMIT 1")
+        warmer = pool._warmer
+        assert warmer is not None
+        evict(index)
+        next_probe(warmer)
+        pool.query("SELECT 1 FROM metadata LIMIT 1")
+        wait_until_idle(warmer)
+        assert warmer.warm_count == 1
+        evict(index)  # gone again at once
+        next_probe(warmer)
+        pool.query("SELECT 1 FROM metadata LIMIT 1")
+        assert warmer.warm_count == 1 and warmer._next_probe > time.monotonic() + warm.PAUSE / 2
     finally:
         pool.close()
 

@@ -15,7 +15,9 @@ misses, a background thread pulls the whole file into the page cache with ``send
 ``/dev/null``: no buffer of ours, so the process's memory does not grow, and the GIL is released
 while it reads. Limits: a file larger than a quarter of the available memory is never read
 ahead; read-aheads are paid from a budget of two files' worth that fills up at ``REWARM_RATE``
-(a machine short of memory must not read the index over and over).
+(a machine short of memory must not read the index over and over), and pages found missing
+right after a complete read-ahead pause the probes for a minute (a file system whose probe
+always fails, or a machine that evicts as fast as we read).
 Where ``RWF_NOWAIT`` or ``sendfile`` is not supported, the warmer turns itself off.
 """
 
@@ -37,6 +39,10 @@ PROBES = 6
 #: Read-aheads are paid from a budget of bytes that holds two files' worth and fills up at this
 #: many bytes per second: two read-aheads at once at most, then on average no more than this.
 REWARM_RATE = 4 << 20
+#: Pages found missing this soon after a complete read-ahead (seconds) ...
+UNRELIABLE_WITHIN = 1.0
+#: ... pause the probes for this long (seconds).
+PAUSE = 60.0
 #: A file larger than this share of MemAvailable is not read ahead.
 MAX_SHARE_OF_MEMORY = 0.25
 #: Bytes per sendfile call (the thread checks for close between calls).
@@ -69,6 +75,8 @@ class IndexWarmer:
         self._next_probe = 0.0
         self._budget = 2.0 * size
         self._budget_time = time.monotonic()
+        #: When the last read-ahead completed (monotonic).
+        self._warmed_at = -UNRELIABLE_WITHIN
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._closed = False
@@ -103,6 +111,13 @@ class IndexWarmer:
                 return
             self._next_probe = now + PROBE_INTERVAL
             if self._thread is not None or self._cached():
+                return
+            if now < self._warmed_at + UNRELIABLE_WITHIN:
+                # Missing again right after a complete read-ahead: the probe cannot be trusted
+                # here (a file system that answers EAGAIN to every RWF_NOWAIT read), or the
+                # machine evicts as fast as we read. Either way, reading again now would not help.
+                logger.debug("%s: pages missing right after a read-ahead; pausing", self.path)
+                self._next_probe = now + PAUSE
                 return
             self._budget = min(2.0 * self._size, self._budget + (now - self._budget_time) * REWARM_RATE)
             self._budget_time = now
@@ -143,10 +158,10 @@ class IndexWarmer:
 
     def _warm(self) -> None:
         fd = self._open()
+        offset = 0
         try:
             if fd >= 0:
                 with open(os.devnull, "wb") as null:
-                    offset = 0
                     while offset < self._size and not self._closed:
                         sent = os.sendfile(null.fileno(), fd, offset, min(CHUNK, self._size - offset))
                         if sent <= 0:
@@ -160,6 +175,8 @@ class IndexWarmer:
                 os.close(fd)
             with self._lock:
                 self._thread = None
+                if offset >= self._size:
+                    self._warmed_at = time.monotonic()
 
     def close(self) -> None:
         """Stop: no more probes; a read-ahead under way ends after its current chunk."""

@@ -296,8 +296,9 @@ class DirectorySource(MountSource):
             if archive is None:
                 raise NotFoundError(2, "No such file or directory", locator.archive)
             return archive.open_info(locator.info)
-        if not isinstance(locator, FileLocator) or not locator.relative:
-            raise NotFoundError(2, "not a file of this folder")
+        if not isinstance(locator, FileLocator) or not locator.relative or not info.is_file:
+            # (devices and FIFOs are not opened at all: opening some has effects, a tape rewinds)
+            raise NotFoundError(2, "not a regular file of this folder")
         resolved = self._resolve("/" + locator.relative)
         if resolved is None or resolved.archive is not None:
             raise NotFoundError(2, "No such file or directory", locator.relative)
