@@ -216,3 +216,30 @@ def test_a_source_not_from_open_refuses_to_pickle(tar: Path) -> None:
     source = open_archive(str(tar))
     with source, pytest.raises(TypeError, match="only sources from ratarmountcore.open pickle"):
         pickle.dumps(source)
+
+
+def test_folder_of_archives_is_read_in_forked_workers(tar: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "a.tar").write_bytes(tar.read_bytes())
+    gz, _ = archive_of(tar, "gz-cli", tmp_path)
+    gz.rename(folder / "b.tar.gz")
+    (folder / "plain.txt").write_bytes(b"plain")
+    expected = {"/plain.txt": hashlib.sha256(b"plain").hexdigest()}
+    for name, data in members_of(tar).items():
+        for archive in ("a.tar", "b.tar.gz"):
+            expected[f"/{archive}{name}"] = hashlib.sha256(data).hexdigest()
+    names = sorted(expected)
+    with ratarmountcore.open(str(folder), ratarmountcore.OpenOptions(recursive=True)) as source:
+        with source.open(names[-1]) as f:
+            f.read()
+        _WORKER["source"] = source
+        try:
+            with multiprocessing.get_context("fork").Pool(2) as pool:
+                results = pool.map_async(digests, [names[i::3] for i in range(3)]).get(timeout=120)
+        finally:
+            _WORKER.clear()
+    assert sorted(name for batch in results for name, _ in batch) == names
+    for batch in results:
+        for name, digest in batch:
+            assert digest == expected[name], name

@@ -212,6 +212,8 @@ class DirectorySource(MountSource):
         return info._replace(ino=0, locator=MemberLocator(relative, info))
 
     def lookup(self, path: str) -> Optional[FileInfo]:
+        if self._generation != forks.generation:
+            self._renew()
         if path == "/":
             st = os.fstat(self._fd)
             return FileInfo(
@@ -290,6 +292,8 @@ class DirectorySource(MountSource):
         return known[1] if known is not None else None
 
     def open_info(self, info: FileInfo) -> MemberFile:
+        if self._generation != forks.generation:
+            self._renew()
         locator = info.locator
         if isinstance(locator, MemberLocator):
             archive = self._archive_at(locator.archive)
