@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import hashlib
 import itertools
 import logging
 import os
@@ -50,6 +51,15 @@ def translate_errors(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def path_ino(path: str) -> int:
+    """An inode number for an entry whose source gives it none (``ino`` 0: entries of a folder
+    source, folder versions): stable, from the path, in [2**62, 2**63) where no source numbers
+    anything. Without one, a listing would carry d_ino 0, which readdir(3) skips: the entry
+    would be missing from ``ls`` (the low-level front-end uses its node ids instead)."""
+    digest = hashlib.blake2b(os.fsencode(path), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") & ((1 << 62) - 1)) | (1 << 62)
+
+
 def info_to_attrs(info: FileInfo) -> Dict[str, int]:
     return {
         "st_mode": info.mode,
@@ -88,7 +98,11 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
 
     def _lookup_entry(self, path: str) -> Optional[Tuple[FileInfo, bytes]]:
         info = self.source.lookup(path)
-        return None if info is None else (info, self._packer.pack(info))
+        if info is None:
+            return None
+        if not info.ino:
+            info = info._replace(ino=path_ino(path))
+        return info, self._packer.pack(info)
 
     def _info(self, path: str) -> FileInfo:
         entry = self._entry(path)
@@ -133,7 +147,17 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
         pack = self._packer.pack
         listing: List[Listed] = [(b".", self.stat_bytes(path), FUSE_FILL_DIR_PLUS), (b"..", self._dotdot, 0)]
         plus = FUSE_FILL_DIR_PLUS
-        listing.extend([(name.encode(ENCODING, "surrogateescape"), pack(info), plus) for name, info in entries])
+        prefix = path.rstrip("/") + "/"
+        listing.extend(
+            [
+                (
+                    name.encode(ENCODING, "surrogateescape"),
+                    pack(info if info.ino else info._replace(ino=path_ino(prefix + name))),
+                    plus,
+                )
+                for name, info in entries
+            ]
+        )
         handle = next(self._next_handle)
         self._listings[handle] = listing
         return handle

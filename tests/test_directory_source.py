@@ -116,9 +116,14 @@ def test_any_folder_reads_back_as_it_is(tree: Tree) -> None:
             compare_trees(snapshot_dir(root), snapshot_source(src), label="folder source")
 
 
-def test_mount_of_a_folder_with_archives(mounter: Mounter, tmp_path: Path) -> None:
+@pytest.mark.parametrize("api", ["low", "high"])
+def test_mount_of_a_folder_with_archives(mounter: Mounter, tmp_path: Path, api: str) -> None:
     root = dataset(tmp_path / "data")
-    mnt = mounter.mount(root, extra=["-r"])
+    mnt = mounter.mount(root, extra=["-r", "--fuse-api", api])
+    assert sorted(os.listdir(mnt)) == ["etc-link", "fake.tar", "labels.txt", "table.csv.gz", "train"]
+    assert sorted(os.listdir(mnt / "train")) == ["labels-link", "n0000.tar", "n0001.tar", "n0002.tar.gz"]
+    listed = {entry.name: entry.inode() for entry in os.scandir(mnt)}
+    assert listed["labels.txt"] == os.stat(mnt / "labels.txt").st_ino != 0
     for name, files in CLASSES.items():
         assert sorted(os.listdir(mnt / class_path(name).lstrip("/"))) == sorted(files)
         for member, data in files.items():
