@@ -51,11 +51,16 @@ def park(*objects: Any) -> None:
     """Keep ``objects`` alive for the rest of this process: they came from the parent and must be
     neither used nor freed here. Their reference counts are raised once more, so even the
     interpreter's shutdown does not free them."""
-    import ctypes
+    try:
+        import ctypes
 
+        incref = ctypes.pythonapi.Py_IncRef
+    except (ImportError, AttributeError):  # (kept in the list, at least until the shutdown)
+        incref = None
     for obj in objects:
         if obj is not None:
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+            if incref is not None:
+                incref(ctypes.py_object(obj))
             _parked.append(obj)
 
 
