@@ -79,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="mount archives inside archives (and in folders given as sources) as folders",
     )
     parser.add_argument(
+        "--lazy",
+        action="store_true",
+        help="with -r, open (and index) the archives in folders given as sources when first used, not before mounting",
+    )
+    parser.add_argument(
         "-P",
         "--parallelization",
         type=int,
@@ -207,7 +212,7 @@ def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         # Absolute: libfuse changes the working directory to "/" once it runs.
         sources=[os.path.abspath(p) for p in args.paths[:-1]],
         mountpoint=os.path.abspath(args.paths[-1]),
-        open_options=OpenOptions(index=index, compression=compression, recursive=args.recursive),
+        open_options=OpenOptions(index=index, compression=compression, recursive=args.recursive, lazy=args.lazy),
         foreground=args.foreground,
         debug=args.debug,
         fuse_options=fuse_options,

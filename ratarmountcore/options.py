@@ -45,3 +45,6 @@ class OpenOptions:
     compression: CompressionOptions = field(default_factory=CompressionOptions)
     #: Mount archives found inside archives as directories.
     recursive: bool = False
+    #: With ``recursive``, open (and index) the archives in a folder source when first used
+    #: instead of when the folder is opened (thousands of archives, few of them read).
+    lazy: bool = False

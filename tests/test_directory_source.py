@@ -169,3 +169,33 @@ def test_any_folder_mounted_reads_back_as_it_is(tree: Tree) -> None:
             compare_trees(snapshot_dir(root), snapshot_dir(mnt), check_root=False, label="mounted folder")
         finally:
             lazy_unmount(mnt)
+
+
+def test_lazy_folder_opens_an_archive_only_when_it_is_used(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = dataset(tmp_path / "data")
+    broken = root / "train" / "broken.tar"
+    broken.write_bytes(tar_bytes({"a.bin": b"a" * 5000})[:1024])  # a header, then the end is missing
+    with ratarmountcore.open(str(root), OpenOptions(recursive=True, lazy=True)) as src:
+        listed = dict(src.list_entries("/train") or [])
+        assert sorted(listed) == ["broken.tar", "labels-link", "n0000.tar", "n0001.tar", "n0002.tar.gz"]
+        assert list((root / "train").glob("*.index.sqlite")) == []  # listed, none opened
+        st = (root / "train" / "n0001.tar").stat()
+        info = src.info("/train/n0001.tar")
+        assert info.is_dir and info.mtime_ns == st.st_mtime_ns and (info.uid, info.gid) == (st.st_uid, st.st_gid)
+        assert info.mode & 0o777 == (st.st_mode & 0o777) | ((st.st_mode & 0o444) >> 2)
+        assert src.read("/train/n0001.tar/n0001_1.JPEG") == CLASSES["n0001"]["n0001_1.JPEG"]
+        assert [p.name for p in (root / "train").glob("*.index.sqlite")] == ["n0001.tar.index.sqlite"]
+        # An archive that fails to open: listed as an empty folder once (with a warning), then a file.
+        assert src.listdir("/train/broken.tar") == []
+        assert "broken.tar: shown as a file" in caplog.text
+        assert src.info("/train/broken.tar").is_file
+        assert src.read("/train/broken.tar") == broken.read_bytes()
+
+
+def test_folder_shows_an_archive_that_fails_to_open_as_a_file_from_the_start(tmp_path: Path) -> None:
+    root = dataset(tmp_path / "data")
+    (root / "broken.tar").write_bytes(tar_bytes({"a.bin": b"a" * 5000})[:1024])
+    with ratarmountcore.open(str(root), OpenOptions(recursive=True)) as src:
+        assert src.info("/broken.tar").is_file
+        assert src.read("/broken.tar") == (root / "broken.tar").read_bytes()
+        assert src.is_dir("/train/n0000.tar")

@@ -15,10 +15,13 @@ and the front-ends cache its entries for a second instead of a day.
 An archive in the folder is recognised by its first block (a tar header), or, for compressed
 files, by a tar-like name (``.tar.gz``, ``.tgz``, ...) *and* the compression's magic bytes:
 telling a compressed tar from a compressed CSV needs the first decompressed block, and opening a
-decompressor for every ``.gz`` file of a folder would cost more than the listing. Archives are
-opened (and indexed, the first time) when first reached; ``open_archives`` opens all of them at
-once (the mount does, before it starts serving, so that no FUSE request waits for an index). An
-archive's index written beside it (``NAME.index.sqlite``) is left out of listings.
+decompressor for every ``.gz`` file of a folder would cost more than the listing. The folder it
+is shown as has the file's attributes (listing a folder of archives opens none of them); an
+archive is opened (and indexed, the first time) when something in it is first used, and
+``open_archives`` opens all of them at once (the mount does, unless ``lazy``, before it starts
+serving, so that no FUSE request waits for an index, and a file that fails to open as an archive
+is shown as a file from the start). An archive's index written beside it (``NAME.index.sqlite``)
+is left out of listings.
 """
 
 from __future__ import annotations
@@ -69,6 +72,22 @@ class _Resolved(NamedTuple):
     inner: str = "/"
 
 
+class _Known(NamedTuple):
+    #: (device, inode, size, mtime) of the file when this was learned (a changed file is looked at again)
+    key: Tuple[int, int, int, int]
+    #: Its first block says archive (see ``_looks_like_archive``).
+    archive: bool
+    #: Its source once opened; None before, and for good when opening failed (``failed``).
+    source: Optional[MountSource] = None
+    failed: bool = False
+
+
+class ArchiveLocator(NamedTuple):
+    """The folder an archive of the folder is shown as (its attributes are the file's)."""
+
+    relative: str
+
+
 class DirectorySource(MountSource):
     def __init__(self, path: str, options: Optional[OpenOptions] = None) -> None:
         self.path = os.path.abspath(path)
@@ -80,8 +99,8 @@ class DirectorySource(MountSource):
             raise RatarmountError(f"{path}: cannot open the folder ({exc.strerror})") from None
         self._lock = threading.Lock()
         self._generation = forks.generation
-        #: relative path -> ((device, inode, size, mtime), the archive's source or None: not one)
-        self._archives: Dict[str, Tuple[Tuple[int, int, int, int], Optional[MountSource]]] = {}
+        #: relative path of a regular file -> what is known of it as an archive
+        self._archives: Dict[str, _Known] = {}
 
     @property
     def is_immutable(self) -> bool:
@@ -121,21 +140,56 @@ class DirectorySource(MountSource):
             os.close(resolved.parent)
 
     # --- archives in the folder ---------------------------------------------------------------
-    def _archive(self, parent: int, name: str, relative: str, st: os.stat_result) -> Optional[MountSource]:
-        """The source of the archive at ``relative`` (opened on first use), or None when the
-        regular file there is not an archive (or cannot be opened as one: a warning says why)."""
+    def _known(self, parent: int, name: str, relative: str, st: os.stat_result) -> _Known:
+        """What is known of the regular file at ``relative`` as an archive (its first block is
+        read once per version of the file)."""
         if self._generation != forks.generation:
             self._renew()
         key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         with self._lock:
             known = self._archives.get(relative)
-            if known is not None and known[0] == key:
-                return known[1]
-            source = self._open_archive(parent, name, relative) if self._looks_like_archive(parent, name) else None
-            if known is not None and known[1] is not None:
-                known[1].close()  # the file changed: its index was checked again above
-            self._archives[relative] = (key, source)
+            if known is not None and known.key == key:
+                return known
+            if known is not None and known.source is not None:
+                known.source.close()  # the file changed: opened again (its index checked) when used
+            known = self._archives[relative] = _Known(key, self._looks_like_archive(parent, name))
+            return known
+
+    def _shown_as_folder(self, parent: int, name: str, relative: str, st: os.stat_result) -> bool:
+        known = self._known(parent, name, relative, st)
+        return known.archive and not known.failed
+
+    def _archive(self, parent: int, name: str, relative: str, st: os.stat_result) -> Optional[MountSource]:
+        """The source of the archive at ``relative``, opened (and indexed, the first time) on first
+        use; None when the regular file there is not an archive or cannot be opened as one (a
+        warning says why once, and from then on it is shown as the file it is)."""
+        known = self._known(parent, name, relative, st)
+        if not known.archive or known.failed or known.source is not None:
+            return known.source
+        with self._lock:  # (one opening at a time: the index may be built now)
+            current = self._archives.get(relative)
+            if current is None or current.key != known.key:
+                return None  # changed meanwhile
+            if current.source is not None or current.failed:
+                return current.source
+            source = self._open_archive(relative)
+            self._archives[relative] = current._replace(source=source, failed=source is None)
             return source
+
+    def _archive_at(self, relative: str) -> Optional[MountSource]:
+        """The archive at ``relative`` (a path of the folder, resolved afresh), opened if need be."""
+        resolved = self._resolve("/" + relative)
+        if resolved is None or resolved.archive is not None:
+            return None
+        try:
+            st = os.stat(resolved.name, dir_fd=resolved.parent, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            return self._archive(resolved.parent, resolved.name, relative, st)
+        except OSError:
+            return None
+        finally:
+            self._done(resolved)
 
     def _looks_like_archive(self, parent: int, name: str) -> bool:
         try:
@@ -151,7 +205,7 @@ class DirectorySource(MountSource):
         fmt = sniff_bytes(head)
         return fmt is FormatId.TAR or (fmt in COMPRESSIONS and name.lower().endswith(TAR_NAMES))
 
-    def _open_archive(self, parent: int, name: str, relative: str) -> Optional[MountSource]:
+    def _open_archive(self, relative: str) -> Optional[MountSource]:
         from .archive import ArchiveSource, open_archive
 
         path = os.path.join(self.path, relative)
@@ -192,12 +246,15 @@ class DirectorySource(MountSource):
 
     # --- entries ------------------------------------------------------------------------------
     def _entry(self, parent: int, name: str, relative: str, st: os.stat_result) -> FileInfo:
-        if self._recursive and stat.S_ISREG(st.st_mode):
-            archive = self._archive(parent, name, relative, st)
-            if archive is not None:
-                root = archive.lookup("/")
-                if root is not None:
-                    return root._replace(ino=0, mtime_ns=st.st_mtime_ns, locator=MemberLocator(relative, root))
+        if self._recursive and stat.S_ISREG(st.st_mode) and self._shown_as_folder(parent, name, relative, st):
+            # The file's attributes as a folder's (whoever may read it may list it); link count 1,
+            # "unknown", as find(1) reads it: the archive is not opened to be listed.
+            permissions = st.st_mode & 0o7777
+            searchable = (permissions & 0o444) >> 2
+            return FileInfo(
+                mode=stat.S_IFDIR | permissions | searchable, size=0, mtime_ns=st.st_mtime_ns,
+                uid=st.st_uid, gid=st.st_gid, nlink=1, ino=0, locator=ArchiveLocator(relative),
+            )  # fmt: skip
         linkname = ""
         if stat.S_ISLNK(st.st_mode):
             linkname = os.readlink(name, dir_fd=parent)
@@ -239,12 +296,13 @@ class DirectorySource(MountSource):
         if info is None or not info.is_dir:
             return None
         locator = info.locator
-        if isinstance(locator, MemberLocator):
-            archive = self._archive_at(locator.archive)
-            inner = locator.info
-            inner_path = self._inner_path(path, locator.archive)
-            members = archive.list_entries(inner_path) if archive is not None and inner is not None else None
-            return None if members is None else [(n, self._member(locator.archive, i)) for n, i in members]
+        if isinstance(locator, (ArchiveLocator, MemberLocator)):
+            relative = locator.relative if isinstance(locator, ArchiveLocator) else locator.archive
+            archive = self._archive_at(relative)
+            if archive is None:  # (it failed to open just now: the warning says why)
+                return [] if isinstance(locator, ArchiveLocator) else None
+            members = archive.list_entries(self._inner_path(path, relative))
+            return None if members is None else [(n, self._member(relative, i)) for n, i in members]
         folder = locator.relative if isinstance(locator, FileLocator) else ""
         fd = self._open_folder(folder)
         if fd is None:
@@ -263,7 +321,7 @@ class DirectorySource(MountSource):
             if fd != self._fd:
                 os.close(fd)
         if self._recursive:  # the indexes of the archives shown as folders are ours, not the folder's
-            shown = {name for name, info in result if isinstance(info.locator, MemberLocator)}
+            shown = {name for name, info in result if isinstance(info.locator, ArchiveLocator)}
             result = [(n, i) for n, i in result if not (n.endswith(INDEX_SUFFIX) and n[: -len(INDEX_SUFFIX)] in shown)]
         return result
 
@@ -285,11 +343,6 @@ class DirectorySource(MountSource):
         """``/a/b.tar/x/y`` with the archive at ``a/b.tar`` -> ``/x/y``."""
         rest = path.strip("/")[len(archive_relative) :]
         return "/" + rest.strip("/")
-
-    def _archive_at(self, relative: str) -> Optional[MountSource]:
-        with self._lock:
-            known = self._archives.get(relative)
-        return known[1] if known is not None else None
 
     def open_info(self, info: FileInfo) -> MemberFile:
         if self._generation != forks.generation:
@@ -335,7 +388,7 @@ class DirectorySource(MountSource):
 
     def close(self) -> None:
         with self._lock:
-            archives = [source for _key, source in self._archives.values() if source is not None]
+            archives = [known.source for known in self._archives.values() if known.source is not None]
             self._archives.clear()
         for source in archives:
             source.close()

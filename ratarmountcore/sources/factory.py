@@ -47,6 +47,8 @@ def _open_one(path: str, options: OpenOptions) -> MountSource:
     from .directory import DirectorySource
 
     folder = DirectorySource(path, options)
+    if options.lazy:
+        return folder
     try:
         folder.open_archives()
     except BaseException:
