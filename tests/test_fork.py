@@ -61,6 +61,17 @@ def digests(names: List[str]) -> List[Tuple[str, str]]:
     return out
 
 
+def read_in_forked_workers(source: MountSource, batches: List[List[str]], processes: int) -> Dict[str, str]:
+    """Each batch read by one of ``processes`` forked workers; name -> SHA-256 as read there."""
+    _WORKER["source"] = source
+    try:
+        with multiprocessing.get_context("fork").Pool(processes) as pool:
+            results = pool.map_async(digests, batches).get(timeout=120)
+    finally:
+        _WORKER.clear()
+    return {name: digest for batch in results for name, digest in batch}
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_forked_workers_read_what_the_parent_opened(kind: str, tar: Path, tmp_path: Path) -> None:
     archive, opts = archive_of(tar, kind, tmp_path)
@@ -73,16 +84,8 @@ def test_forked_workers_read_what_the_parent_opened(kind: str, tar: Path, tmp_pa
             with source.open(name) as f:
                 assert hashlib.sha256(f.read()).hexdigest() == expected[name]
         held = source.open(names[-1])  # opened before the fork, read after it (in the parent)
-        _WORKER["source"] = source
-        try:
-            work = [rng.sample(names, 12) for _ in range(6)]
-            with multiprocessing.get_context("fork").Pool(3) as pool:
-                results = pool.map_async(digests, work).get(timeout=120)
-        finally:
-            _WORKER.clear()
-        for batch in results:
-            for name, digest in batch:
-                assert digest == expected[name], f"{name}: wrong bytes in a forked worker"
+        read = read_in_forked_workers(source, [rng.sample(names, 12) for _ in range(6)], 3)
+        assert read and all(digest == expected[name] for name, digest in read.items())
         # The parent goes on with what it had.
         for name in rng.sample(names, 10):
             with source.open(name) as f:
@@ -164,15 +167,8 @@ def test_union_of_archives_is_read_in_forked_workers(tar: Path, tmp_path: Path) 
     with ratarmountcore.open([str(first), str(second)]) as source:
         with source.open(names[0]) as f:
             f.read()
-        _WORKER["source"] = source
-        try:
-            with multiprocessing.get_context("fork").Pool(2) as pool:
-                results = pool.map_async(digests, [names[i::4] for i in range(4)]).get(timeout=120)
-        finally:
-            _WORKER.clear()
-    for batch in results:
-        for name, digest in batch:
-            assert digest == expected[name], name
+        read = read_in_forked_workers(source, [names[i::4] for i in range(4)], 2)
+    assert read == expected
 
 
 def digests_of(source: MountSource, names: List[str]) -> List[Tuple[str, str]]:
@@ -233,13 +229,5 @@ def test_folder_of_archives_is_read_in_forked_workers(tar: Path, tmp_path: Path)
     with ratarmountcore.open(str(folder), ratarmountcore.OpenOptions(recursive=True)) as source:
         with source.open(names[-1]) as f:
             f.read()
-        _WORKER["source"] = source
-        try:
-            with multiprocessing.get_context("fork").Pool(2) as pool:
-                results = pool.map_async(digests, [names[i::3] for i in range(3)]).get(timeout=120)
-        finally:
-            _WORKER.clear()
-    assert sorted(name for batch in results for name, _ in batch) == names
-    for batch in results:
-        for name, digest in batch:
-            assert digest == expected[name], name
+        read = read_in_forked_workers(source, [names[i::3] for i in range(3)], 2)
+    assert read == expected
