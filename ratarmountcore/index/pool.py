@@ -12,16 +12,29 @@ answer with the new archive's offsets. So every connection checks that the file 
 one the first connection opened (device and inode); when it is not, or when the file is gone, it
 is closed, a warning says so once, and queries go on through the connections opened before,
 waiting for an idle one.
+
+A connection held ~150-250 KiB, most of it SQLite's page cache (16 KiB pages, up to 1 MiB per
+connection): a union of 1,100 archives held 315 MiB after a ``find``, the PyPI release 211 MiB.
+So the page cache is a budget of the process, ``PAGE_CACHE_BUDGET`` split among the pools alive
+when a connection opens (one archive: 1 MiB per connection as before; a union of 1,000: 64 KiB,
+four pages, which keeps a lookup's interior pages). And idle connections of all pools are kept
+in one LRU of at most ``MAX_IDLE``; beyond it the least recently used is closed, and its pool
+opens a new one (~0.3 ms: the schema is parsed again) when it needs one again. Closing instead
+of shrinking was measured: with 64 idle connections for a union of 1,100 archives, 1,000 reads
+across 1,000 of them took 0.46 s instead of 0.13 s.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import sqlite3
 import threading
+import weakref
 from typing import Any, List, Optional, Tuple
 
+from ..io import forks
 from .warm import IndexWarmer
 
 logger = logging.getLogger(__name__)
@@ -42,6 +55,66 @@ def read_only_uri(path: str) -> str:
     return "file:" + percent_encoded(os.path.abspath(path)) + "?mode=ro&immutable=1"
 
 
+#: Idle connections kept open across all pools of the process (a backstop for unions of
+#: thousands of archives; each then holds ~30 KiB).
+MAX_IDLE = 4096
+#: SQLite page cache of all connections together, split among the live pools, at most
+#: ``PAGE_CACHE_MAX`` each; a share below ``PAGE_CACHE_FLOOR`` (SQLite keeps at least 10 pages
+#: once it caches any: 160 KiB of 16 KiB pages) is none at all: such a connection reads its
+#: pages from the kernel's page cache every time (a few microseconds per lookup).
+PAGE_CACHE_BUDGET = 16 << 20
+PAGE_CACHE_MAX = 1 << 20
+PAGE_CACHE_FLOOR = 160 << 10
+#: Prepared statements Python's sqlite3 keeps per connection (a pool uses about ten).
+CACHED_STATEMENTS = 24
+
+
+class _IdleConnections:
+    """Process-wide LRU of the pools' idle connections. Its lock is never held together with a
+    pool's lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lru: "collections.OrderedDict[int, Tuple[weakref.ref[ConnectionPool], sqlite3.Connection]]" = (
+            collections.OrderedDict()
+        )
+
+    def returned(self, pool: "ConnectionPool", conn: sqlite3.Connection) -> None:
+        victims = []
+        with self._lock:
+            self._lru[id(conn)] = (weakref.ref(pool), conn)
+            self._lru.move_to_end(id(conn))
+            while len(self._lru) > MAX_IDLE:
+                victims.append(self._lru.popitem(last=False)[1])
+        for pool_ref, victim in victims:
+            owner = pool_ref()
+            if owner is not None:
+                owner._evict(victim)
+
+    def taken(self, conn: sqlite3.Connection) -> None:
+        with self._lock:
+            self._lru.pop(id(conn), None)
+
+
+_IDLE = _IdleConnections()
+_LIVE: "weakref.WeakSet[ConnectionPool]" = weakref.WeakSet()
+
+
+def cache_size_pragma() -> str:
+    """The page cache a new connection gets: its share of the budget."""
+    share = min(PAGE_CACHE_MAX, PAGE_CACHE_BUDGET // max(1, len(_LIVE)))
+    return f"PRAGMA cache_size=-{share // 1024}" if share >= PAGE_CACHE_FLOOR else "PRAGMA cache_size=0"
+
+
+def _new_registry_in_child() -> None:
+    global _IDLE, _LIVE
+    _IDLE = _IdleConnections()  # the parent's pools are parked in a child (io/forks.py)
+    _LIVE = weakref.WeakSet()
+
+
+forks.in_child(_new_registry_in_child)
+
+
 class ConnectionPool:
     def __init__(self, path: str, identity: Optional[Tuple[int, int]] = None) -> None:
         """``identity``: the (device, inode) the file must have (a pool made anew in a forked
@@ -57,18 +130,22 @@ class ConnectionPool:
         self._replaced = False
         #: Reads the file into the page cache when lookups would find it missing there (warm.py).
         self._warmer: Optional[IndexWarmer] = None
+        _LIVE.add(self)
 
     def _connect(self) -> Optional[sqlite3.Connection]:
         """A new connection to the file first opened, or None when the path names another now."""
         try:
-            conn = sqlite3.connect(read_only_uri(self.path), uri=True, check_same_thread=False, isolation_level=None)
+            conn = sqlite3.connect(
+                read_only_uri(self.path), uri=True, check_same_thread=False, isolation_level=None,
+                cached_statements=CACHED_STATEMENTS,
+            )  # fmt: skip
         except sqlite3.Error:
             if self._identity is None:
                 raise
             self._gone("cannot be opened again")
             return None
         try:
-            conn.execute("PRAGMA cache_size=-1000")
+            conn.execute(cache_size_pragma())
             conn.execute("PRAGMA query_only=1")
             conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # the file is open now
             st = os.stat(self.path)
@@ -105,9 +182,11 @@ class ConnectionPool:
 
     def _borrow(self) -> sqlite3.Connection:
         with self._lock:
-            if self._idle:
-                return self._idle.pop()
+            conn = self._idle.pop() if self._idle else None
             replaced = self._replaced and bool(self._all)
+        if conn is not None:
+            _IDLE.taken(conn)
+            return conn
         if not replaced:
             conn = self._connect()
             if conn is not None:
@@ -117,7 +196,9 @@ class ConnectionPool:
                 if not self._all:  # (closed meanwhile)
                     raise sqlite3.OperationalError(f"{self.path}: no connection to the index is left")
                 self._returned.wait()
-            return self._idle.pop()
+            conn = self._idle.pop()
+        _IDLE.taken(conn)
+        return conn
 
     def query(self, sql: str, params: tuple = (), one: bool = False) -> Any:
         warmer = self._warmer
@@ -129,9 +210,22 @@ class ConnectionPool:
             return cursor.fetchone() if one else cursor.fetchall()
         finally:
             with self._lock:
-                if conn in self._all:  # (not when the pool was closed meanwhile)
+                idle = conn in self._all  # (not when the pool was closed meanwhile)
+                if idle:
                     self._idle.append(conn)
                     self._returned.notify()
+            if idle:
+                _IDLE.returned(self, conn)
+
+    def _evict(self, conn: sqlite3.Connection) -> None:
+        """Close ``conn`` if it is still idle here (the process has too many idle connections).
+        A pool whose file was replaced keeps what it has: it cannot open another."""
+        with self._lock:
+            if self._replaced or conn not in self._idle:
+                return
+            self._idle.remove(conn)
+            self._all.remove(conn)
+        conn.close()
 
     @property
     def identity(self) -> Optional[Tuple[int, int]]:
@@ -146,8 +240,12 @@ class ConnectionPool:
         if self._warmer is not None:
             self._warmer.close()
         with self._lock:
-            for conn in self._all:
+            connections = list(self._all)
+            for conn in connections:
                 conn.close()
             self._all.clear()
             self._idle.clear()
             self._returned.notify_all()
+        for conn in connections:
+            _IDLE.taken(conn)
+        _LIVE.discard(self)

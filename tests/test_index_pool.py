@@ -1,0 +1,93 @@
+"""Memory of index connections in unions of many archives (index/pool.py): the page cache is a
+budget of the process, idle connections beyond a process-wide bound are closed."""
+
+from __future__ import annotations
+
+import sqlite3
+import weakref
+from pathlib import Path
+from typing import List
+
+import pytest
+from conftest import tar_bytes
+
+import ratarmountcore
+from ratarmountcore.index import pool as pool_module
+from ratarmountcore.index.pool import ConnectionPool
+
+
+@pytest.fixture(autouse=True)
+def private_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+def database(path: Path) -> Path:
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE t (value INTEGER)")
+    conn.execute("INSERT INTO t VALUES (7)")
+    conn.commit()
+    conn.close()
+    return path
+
+
+def cache_size(pool: ConnectionPool) -> int:
+    return int(pool.query("PRAGMA cache_size", one=True)[0])
+
+
+def test_page_cache_is_shared_out_among_the_pools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pool_module, "PAGE_CACHE_BUDGET", 4 << 20)
+    monkeypatch.setattr(pool_module, "_LIVE", weakref.WeakSet())  # (pools other tests left open)
+    pools: List[ConnectionPool] = []
+    try:
+        pools.append(ConnectionPool(str(database(tmp_path / "first.sqlite"))))
+        assert cache_size(pools[0]) == -1024  # alone: PAGE_CACHE_MAX
+        for i in range(40):
+            pools.append(ConnectionPool(str(database(tmp_path / f"db{i}.sqlite"))))
+        # 41 pools: 4 MiB / 41 is below the 160 KiB SQLite would keep anyway: no cache of its own.
+        assert cache_size(pools[-1]) == 0
+        assert pools[-1].query("SELECT value FROM t", one=True) == (7,)
+    finally:
+        for p in pools:
+            p.close()
+    # Closed pools no longer count.
+    alone = ConnectionPool(str(tmp_path / "first.sqlite"))
+    try:
+        assert cache_size(alone) == -1024
+    finally:
+        alone.close()
+
+
+def test_idle_connections_beyond_the_bound_are_closed_and_reopened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pool_module, "MAX_IDLE", 2)
+    monkeypatch.setattr(pool_module, "_IDLE", pool_module._IdleConnections())
+    pools = [ConnectionPool(str(database(tmp_path / f"db{i}.sqlite"))) for i in range(3)]
+    try:
+        for p in pools:
+            assert p.query("SELECT value FROM t", one=True) == (7,)
+        # The least recently used idle connection was closed; its pool opens another when asked.
+        assert [p.connection_count for p in pools] == [0, 1, 1]
+        assert pools[0].query("SELECT value FROM t", one=True) == (7,)
+        assert [p.connection_count for p in pools] == [1, 0, 1]
+    finally:
+        for p in pools:
+            p.close()
+
+
+def test_union_of_many_archives_reads_with_connections_closed_under_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pool_module, "MAX_IDLE", 3)
+    monkeypatch.setattr(pool_module, "PAGE_CACHE_BUDGET", 1 << 20)
+    paths = []
+    for i in range(12):
+        path = tmp_path / f"part{i:02d}.tar"
+        path.write_bytes(tar_bytes({f"d{i}/f.txt": f"file {i}".encode(), "shared.txt": str(i).encode()}))
+        paths.append(str(path))
+    with ratarmountcore.open(paths) as src:
+        for _round in range(2):
+            for i in range(12):
+                assert src.read(f"/d{i}/f.txt") == f"file {i}".encode()
+        assert src.read("/shared.txt") == b"11"
+        assert sorted(src.listdir("/")) == sorted([f"d{i}" for i in range(12)] + ["shared.txt"])
