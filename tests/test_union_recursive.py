@@ -162,3 +162,20 @@ def test_recursive_compressed_inner_through_fuse(mounter: Mounter, tmp_path: Pat
     assert sorted(os.listdir(mnt / "cls.tar.gz")) == sorted(files)
     for name, data in files.items():
         assert (mnt / "cls.tar.gz" / name).read_bytes() == data
+
+
+def test_index_built_with_recursion_serves_without_it_when_no_member_is_an_archive(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.tar"
+    plain.write_bytes(tar_bytes({"a.txt": b"a", "b/c.txt": b"c"}))
+    nested = tmp_path / "nested.tar"
+    nested.write_bytes(tar_bytes({"inner.tar": tar_bytes({"x.txt": b"x"}), "y.txt": b"y"}))
+    for path in (plain, nested):
+        with ratarmountcore.open(str(path), OpenOptions(recursive=True)):
+            pass
+    built = {p: Path(str(p) + ".index.sqlite").stat().st_mtime_ns for p in (plain, nested)}
+    with ratarmountcore.open(str(plain)) as src:  # no inner archive: the same index serves
+        assert src.read("/b/c.txt") == b"c"
+    assert Path(str(plain) + ".index.sqlite").stat().st_mtime_ns == built[plain]
+    with ratarmountcore.open(str(nested)) as src:  # inner.tar is a folder in that index: rebuilt
+        assert src.info("/inner.tar").is_file
+    assert Path(str(nested) + ".index.sqlite").stat().st_mtime_ns != built[nested]

@@ -286,6 +286,10 @@ class IndexWriter:
             )
             self._batch.clear()
 
+    def set_metadata(self, key: str, value: str) -> None:
+        """Recorded with the others on ``commit``."""
+        self._meta[key] = value
+
     def add_nested_archive(self, row_id: int, offset: int, size: int, fmt: str) -> None:
         self._conn.execute(
             "INSERT OR REPLACE INTO nested_archives (id, offset, size, format) VALUES (?, ?, ?, ?)",
@@ -473,8 +477,15 @@ class IndexReader:
 
     def check_options(self, expected: Dict[str, str]) -> None:
         for key, value in expected.items():
-            if self.metadata.get(key) != value:
-                raise StaleIndexError(f"index was built with {key}={self.metadata.get(key)!r}, need {value!r}")
+            stored = self.metadata.get(key)
+            if stored == value:
+                continue
+            if key == "recursive" and (
+                self.metadata.get("layout") == "single_file"
+                or ((stored, value) == ("1", "0") and self.metadata.get("inner_archives") == "0")
+            ):
+                continue  # one compressed file, or no member was an archive: the same rows either way
+            raise StaleIndexError(f"index was built with {key}={stored!r}, need {value!r}")
 
     # --- queries ------------------------------------------------------------------------------
     def lookup(self, parent: bytes, name: bytes) -> Optional[Row]:

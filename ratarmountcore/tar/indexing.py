@@ -90,6 +90,8 @@ class _Context:
     fd: Optional[int]
     count: int = 0
     nested: List[str] = field(default_factory=list)
+    #: Members shown as folders because they are archives (-r).
+    archives: int = 0
 
 
 def _as_folder(record: MemberRecord) -> MemberRecord:
@@ -126,6 +128,8 @@ def index_tar(
         _scan(ctx, reader, size, prefix="", base=0, depth=0, source=0)
     finally:
         bar.close()
+    if recursive:  # an index without any is the same as one built without -r (check_options)
+        writer.set_metadata("inner_archives", str(ctx.archives))
 
 
 def _scan(
@@ -159,6 +163,7 @@ def _scan(
         if fmt is FormatId.TAR and record.size >= 2 * BLOCK and head != b"\0" * BLOCK:
             ctx.writer.add(_as_folder(record), source)
             ctx.count += 1
+            ctx.archives += 1
             inner = WindowReader(reader, record.offset_data - base, record.size)
             scan = functools.partial(_scan, ctx, inner, record.size, record.path, record.offset_data, depth + 1, source)
             _descend(ctx, record, scan)
@@ -201,6 +206,7 @@ def _index_compressed_member(ctx: _Context, record: MemberRecord, fmt: FormatId,
             ctx.count += 1
             return
         folder_id = ctx.writer.add(_as_folder(record), source)
+        ctx.archives += 1
         ctx.count += 1
         ctx.writer.add_nested_archive(folder_id, record.offset_data, record.size, fmt.value)
 
