@@ -8,6 +8,7 @@ no page cache of its own (tmpfs), there is nothing to test and the tests skip.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -21,6 +22,12 @@ from ratarmountcore.index.pool import ConnectionPool
 from ratarmountcore.index.warm import IndexWarmer
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="needs preadv(RWF_NOWAIT)")
+
+
+@pytest.fixture(autouse=True)
+def small_indexes_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test archive's index is smaller than warm.MIN_SIZE: read it ahead all the same."""
+    monkeypatch.setattr(warm, "MIN_SIZE", 0)
 
 
 def evict(path: Path) -> None:
@@ -213,3 +220,46 @@ def test_closing_stops_the_warmer(archive: Path) -> None:
     next_probe(warmer)
     warmer.poke()
     assert warmer._thread is None and cached_pages(index) < pages(index)
+
+
+def test_small_indexes_are_not_read_ahead(archive: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lookup reads much of a small index anyway; a thread per small index (a folder of 1,000
+    class tars read at random) cost more than it saved."""
+    index = index_of(archive)
+    monkeypatch.setattr(warm, "MIN_SIZE", index.stat().st_size + 1)
+    pool = ConnectionPool(str(index))
+    try:
+        pool.query("SELECT 1 FROM metadata LIMIT 1")
+        warmer = pool._warmer
+        assert warmer is not None
+        evict(index)
+        next_probe(warmer)
+        pool.query("SELECT 1 FROM metadata LIMIT 1")
+        assert warmer.warm_count == 0
+    finally:
+        pool.close()
+
+
+def test_read_aheads_at_once_are_bounded(archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(warm, "_RUNNING", threading.BoundedSemaphore(1))
+    index = index_of(archive)
+    copy = tmp_path / "copy.sqlite"
+    copy.write_bytes(index.read_bytes())
+    pools = [ConnectionPool(str(index)), ConnectionPool(str(copy))]
+    try:
+        for p in pools:
+            p.query("SELECT 1 FROM metadata LIMIT 1")
+        warm._RUNNING.acquire()  # one read-ahead is under way somewhere
+        for p in pools:
+            evict(Path(p.path))
+            next_probe(p._warmer)
+            p.query("SELECT 1 FROM metadata LIMIT 1")
+        assert [p._warmer.warm_count for p in pools] == [0, 0]
+        warm._RUNNING.release()
+        next_probe(pools[0]._warmer)
+        pools[0].query("SELECT 1 FROM metadata LIMIT 1")
+        assert pools[0]._warmer.warm_count == 1
+        wait_until_idle(pools[0]._warmer)
+    finally:
+        for p in pools:
+            p.close()

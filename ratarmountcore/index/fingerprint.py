@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import zlib
 from dataclasses import dataclass, field
 from typing import Tuple
 
@@ -17,9 +18,11 @@ class ArchiveStats:
     size: int
     mtime_ns: int
     fingerprint: str
-    #: (offset, digest) of every sampled block, for telling later whether they are unchanged
-    #: (``samples_unchanged``); not part of the identity stored in an index.
-    samples: Tuple[Tuple[int, bytes], ...] = field(default=(), compare=False, repr=False)
+    #: (offset, CRC-32) of every sampled block, for telling later whether they are unchanged
+    #: (``samples_unchanged``); not part of the identity stored in an index. A CRC, not a second
+    #: SHA-256 of each block: hashing every sample twice was half of opening an archive (1,000
+    #: archives of a folder: 1.9 of 2.9 s in ``archive_stats``).
+    samples: Tuple[Tuple[int, int], ...] = field(default=(), compare=False, repr=False)
 
     def differences(self, other: "ArchiveStats") -> str:
         """Human-readable reason why two stats differ ("" if equal)."""
@@ -45,7 +48,7 @@ def archive_stats(fd: int) -> ArchiveStats:
     for offset in offsets:
         block = os.pread(fd, SAMPLE, offset)
         digest.update(block)
-        samples.append((offset, sha256(block).digest()))
+        samples.append((offset, zlib.crc32(block)))
     return ArchiveStats(
         size=st.st_size, mtime_ns=st.st_mtime_ns, fingerprint=digest.hexdigest()[:32], samples=tuple(samples)
     )
@@ -54,5 +57,5 @@ def archive_stats(fd: int) -> ArchiveStats:
 def samples_unchanged(fd: int, stats: ArchiveStats, end: int) -> bool:
     """Whether the blocks of ``stats.samples`` that lie before byte ``end`` still hold what they
     held (the blocks from ``end`` on are not compared); False when there are none to compare."""
-    compared = [(offset, digest) for offset, digest in stats.samples if offset + SAMPLE <= end]
-    return bool(compared) and all(sha256(os.pread(fd, SAMPLE, offset)).digest() == sha for offset, sha in compared)
+    compared = [(offset, crc) for offset, crc in stats.samples if offset + SAMPLE <= end]
+    return bool(compared) and all(zlib.crc32(os.pread(fd, SAMPLE, offset)) == crc for offset, crc in compared)
