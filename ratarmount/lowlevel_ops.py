@@ -118,6 +118,9 @@ class LowLevelOperations:
         #: Worker threads answering a lookup or a read right now (set operations are atomic).
         self._busy: Set[int] = set()
         self._timeout = TIMEOUT if source.is_immutable else 1
+        #: Whether every entry gets ``_timeout`` (else ``_timeout_of`` asks the source: a folder
+        #: source's archive members are cached as long as an archive's).
+        self._uniform = source.is_immutable
         #: The kernel keeps what it read of a file (or listing) for the next open: not for a folder
         #: source, whose files may change.
         self._keep_cache = abi.FOPEN_KEEP_CACHE if source.is_immutable else 0
@@ -296,7 +299,12 @@ class LowLevelOperations:
         node = self._node_of(path, entry[0])
         if node < self.nodes.first:
             self._remember(node, (path, entry))
-        return abi.entry_out(node, self._attr(node, entry), self._timeout), entry[0]
+        return abi.entry_out(node, self._attr(node, entry), self._timeout_of(entry[0])), entry[0]
+
+    def _timeout_of(self, info: FileInfo) -> int:
+        if self._uniform or not self.source.is_immutable_entry(info):
+            return self._timeout
+        return TIMEOUT
 
     def _remember(self, node: int, found: Tuple[str, Entry]) -> None:
         recent = self._looked_up
@@ -360,7 +368,8 @@ class LowLevelOperations:
         return entry[1] if entry[0].ino else abi.pack_attr(entry[0]._replace(ino=node))
 
     def getattr(self, node: int) -> bytes:
-        return abi.attr_out(self._attr(node, self._resolve(node)[1]), self._timeout)
+        entry = self._resolve(node)[1]
+        return abi.attr_out(self._attr(node, entry), self._timeout_of(entry[0]))
 
     def readlink(self, node: int) -> bytes:
         info = self._resolve(node)[1][0]
@@ -380,7 +389,8 @@ class LowLevelOperations:
             raise _errno(errno.EISDIR)
         if self.no_open:
             raise _errno(errno.ENOSYS)  # see init; the open itself succeeds
-        return abi.open_out(self.files.open(info), self._keep_cache)
+        keep = self._keep_cache or (abi.FOPEN_KEEP_CACHE if self.source.is_immutable_entry(info) else 0)
+        return abi.open_out(self.files.open(info), keep)
 
     def read(self, node: int, handle: int, offset: int, view: memoryview) -> int:
         me = threading.get_ident()
@@ -550,13 +560,13 @@ class LowLevelOperations:
         if not missing:
             return b"".join(item[3] for item in page)
         nodes = iter(self.nodes.remember_all(missing))
-        timeout = self._timeout
+        timeout_of = self._timeout_of
         records = []
         for index, (name, _path, info, record) in enumerate(page, start=offset + 1):
             if not record:
                 assert info is not None  # (only entries named by the table lack a record)
                 node = next(nodes)
-                record = abi.direntplus(node, info, timeout, index, name, info.ino or node)
+                record = abi.direntplus(node, info, timeout_of(info), index, name, info.ino or node)
             records.append(record)
         return b"".join(records)
 

@@ -199,3 +199,19 @@ def test_folder_shows_an_archive_that_fails_to_open_as_a_file_from_the_start(tmp
         assert src.info("/broken.tar").is_file
         assert src.read("/broken.tar") == (root / "broken.tar").read_bytes()
         assert src.is_dir("/train/n0000.tar")
+
+
+def test_archive_members_in_a_folder_are_immutable_entries(tmp_path: Path) -> None:
+    """The front-ends cache them for a day (an archive is watched); the folder's own entries a second."""
+    root = dataset(tmp_path / "data")
+    base = tmp_path / "base.tar"
+    base.write_bytes(tar_bytes({"b.txt": b"b"}))
+    with ratarmountcore.open(str(root), OpenOptions(recursive=True)) as src:
+        assert src.is_immutable_entry(src.info("/train/n0000.tar/n0000_0.JPEG"))
+        assert not src.is_immutable_entry(src.info("/train/n0000.tar"))
+        assert not src.is_immutable_entry(src.info("/labels.txt"))
+    with ratarmountcore.open([str(base), str(root)], OpenOptions(recursive=True)) as union:
+        assert not union.is_immutable
+        assert union.is_immutable_entry(union.info("/b.txt"))
+        assert union.is_immutable_entry(union.info("/train/n0001.tar/n0001_1.JPEG"))
+        assert not union.is_immutable_entry(union.info("/labels.txt"))

@@ -149,6 +149,12 @@ class MountSource(ABC):
         """True when contents never change while mounted (lets FUSE cache everything)."""
         return True
 
+    def is_immutable_entry(self, info: FileInfo) -> bool:
+        """Whether this entry (its attributes, its data, a folder's listing) never changes while
+        mounted, in a source that is not immutable as a whole: a member of an archive inside a
+        folder source. Front-ends cache such entries as long as those of an immutable source."""
+        return self.is_immutable
+
     def will_read(self, info: FileInfo) -> None:  # noqa: B027 - a hint, ignored by default
         """A hint: the data of regular file ``info`` is likely to be read soon (a front-end
         saw a lookup that looks like a random open). Sources that read from disk start

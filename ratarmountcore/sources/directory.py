@@ -106,6 +106,11 @@ class DirectorySource(MountSource):
     def is_immutable(self) -> bool:
         return False
 
+    def is_immutable_entry(self, info: FileInfo) -> bool:
+        # Members of an archive in the folder: the archive is watched like any other (an archive
+        # rewritten in place fails its reads with EIO); the folder it is shown as is the file's.
+        return isinstance(info.locator, MemberLocator)
+
     # --- resolving paths ----------------------------------------------------------------------
     def _resolve(self, path: str) -> Optional[_Resolved]:
         """Follow ``path`` (normalized, absolute, not "/") down from the folder, never through a

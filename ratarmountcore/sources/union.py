@@ -145,6 +145,12 @@ class UnionSource(MountSource):
     def is_immutable(self) -> bool:
         return all(source.is_immutable for source in self.sources)
 
+    def is_immutable_entry(self, info: FileInfo) -> bool:
+        locator = info.locator
+        if not isinstance(locator, UnionLocator):
+            return self.is_immutable  # (the root)
+        return self.sources[locator.source].is_immutable_entry(locator.info)
+
     def _wrap(self, number: int, info: FileInfo) -> FileInfo:
         ino = info.ino if info.ino <= 1 and number == 0 else (number << INO_SHIFT) | info.ino
         return info._replace(ino=ino if info.ino else 0, locator=UnionLocator(number, info))
