@@ -198,6 +198,8 @@ def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         seek_point_spacing=None if args.seek_point_spacing is None else max(1, int(args.seek_point_spacing * 2**20)),
         cache_size=max(0, int(args.cache_size * 1024 * 1024)),
     )
+    if args.lazy and not args.recursive:
+        parser.error("--lazy works with -r (only then are the archives in a folder shown as folders)")
     if args.read_ahead < 0:
         parser.error("--read-ahead must be 0 or more KiB")
     fuse_options = parse_fuse_options(args.fuse)

@@ -476,6 +476,11 @@ def test_unmount_waits_a_moment_while_the_mount_is_busy(mounter: Mounter, archiv
     mounter.unmount(mnt)
 
 
+def test_lazy_without_recursion_is_a_usage_error(tmp_path: Path) -> None:
+    result = run_ratarmount("--lazy", str(tmp_path), str(tmp_path / "mnt"))
+    assert result.returncode == 2 and "--lazy works with -r" in result.stderr
+
+
 def test_usage_error() -> None:
     result = run_ratarmount("only-one-argument")
     assert result.returncode == 2 and "MOUNTPOINT" in result.stderr
