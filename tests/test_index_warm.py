@@ -7,11 +7,12 @@ no page cache of its own (tmpfs), there is nothing to test and the tests skip.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Tuple
 
 import pytest
 from conftest import tar_bytes
@@ -65,6 +66,29 @@ def wait_until_idle(warmer: IndexWarmer, timeout: float = 10) -> None:
     while warmer._thread is not None:
         assert time.monotonic() < deadline, "the read-ahead did not finish"
         time.sleep(0.005)
+
+
+QUERY = "SELECT 1 FROM metadata LIMIT 1"
+
+
+@contextlib.contextmanager
+def warmed_pool(index: Path) -> Iterator[Tuple[ConnectionPool, IndexWarmer]]:
+    """A pool of ``index`` with its first connection (and so its warmer) made."""
+    pool = ConnectionPool(str(index))
+    try:
+        pool.query(QUERY)
+        assert pool._warmer is not None
+        yield pool, pool._warmer
+    finally:
+        pool.close()
+
+
+def query_after_eviction(pool: ConnectionPool, index: Path) -> None:
+    """Evict the index and query at once, with a probe due."""
+    assert pool._warmer is not None
+    evict(index)
+    next_probe(pool._warmer)
+    pool.query(QUERY)
 
 
 def next_probe(warmer: IndexWarmer) -> None:
@@ -130,83 +154,51 @@ def test_read_aheads_are_paid_from_a_budget(archive: Path, monkeypatch: pytest.M
     index = index_of(archive)
     monkeypatch.setattr(warm, "REWARM_RATE", 1)  # the budget fills up by a byte per second
     monkeypatch.setattr(warm, "UNRELIABLE_WITHIN", 0.0)  # (evicted at once on purpose)
-    pool = ConnectionPool(str(index))
-    try:
-        pool.query("SELECT 1 FROM metadata LIMIT 1")
-        warmer = pool._warmer
-        assert warmer is not None
+    with warmed_pool(index) as (pool, warmer):
         started = []
         for _round in range(4):
             wait_until_idle(warmer)
-            evict(index)
-            next_probe(warmer)
-            pool.query("SELECT 1 FROM metadata LIMIT 1")
+            query_after_eviction(pool, index)
             started.append(warmer.warm_count)
         assert started[:2] == [1, 2] and started[2:] == [2, 2]
         wait_until_idle(warmer)
         assert cached_pages(index) < pages(index)  # the last eviction stays
-    finally:
-        pool.close()
 
 
 def test_pages_missing_right_after_a_read_ahead_pause_the_probes(archive: Path) -> None:
     """A file system whose probe always says "not cached", or a machine that evicts as fast as
     the index is read: no read-ahead after read-ahead."""
     index = index_of(archive)
-    pool = ConnectionPool(str(index))
-    try:
-        pool.query("SELECT 1 FROM metadata LIMIT 1")
-        warmer = pool._warmer
-        assert warmer is not None
-        evict(index)
-        next_probe(warmer)
-        pool.query("SELECT 1 FROM metadata LIMIT 1")
+    with warmed_pool(index) as (pool, warmer):
+        query_after_eviction(pool, index)
         wait_until_idle(warmer)
         assert warmer.warm_count == 1
-        evict(index)  # gone again at once
-        next_probe(warmer)
-        pool.query("SELECT 1 FROM metadata LIMIT 1")
+        query_after_eviction(pool, index)  # gone again at once
         assert warmer.warm_count == 1 and warmer._next_probe > time.monotonic() + warm.PAUSE / 2
-    finally:
-        pool.close()
 
 
 def test_no_read_ahead_of_an_index_larger_than_memory_allows(archive: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     index = index_of(archive)
     monkeypatch.setattr(warm, "available_memory", lambda: index.stat().st_size)  # 4x its size needed
-    pool = ConnectionPool(str(index))
-    try:
-        pool.query("SELECT 1 FROM metadata LIMIT 1")
-        warmer = pool._warmer
+    with warmed_pool(index) as (pool, warmer):
         wait_until_idle(warmer)
-        evict(index)
-        next_probe(warmer)
-        pool.query("SELECT 1 FROM metadata LIMIT 1")
+        query_after_eviction(pool, index)
         assert warmer.warm_count == 0
-    finally:
-        pool.close()
 
 
 def test_a_replaced_index_is_not_read_ahead(archive: Path, tmp_path: Path) -> None:
     """The file now at the path is not the pool's: the warmer leaves it alone."""
     index = index_of(archive)
-    pool = ConnectionPool(str(index))
-    try:
-        pool.query("SELECT 1 FROM metadata LIMIT 1")
-        warmer = pool._warmer
+    with warmed_pool(index) as (pool, warmer):
         wait_until_idle(warmer)
         count = warmer.warm_count
         other = tmp_path / "other.sqlite"
         other.write_bytes(index.read_bytes())
         os.replace(other, index)
-        evict(index)
-        next_probe(warmer)
-        pool.query("SELECT 1 FROM metadata LIMIT 1")  # through the connection opened before
+        query_after_eviction(pool, index)  # through the connection opened before
         wait_until_idle(warmer)
         assert warmer.warm_count == count
         assert cached_pages(index) < pages(index)
-    finally:
-        pool.close()
 
 
 def test_closing_stops_the_warmer(archive: Path) -> None:
@@ -227,17 +219,9 @@ def test_small_indexes_are_not_read_ahead(archive: Path, monkeypatch: pytest.Mon
     class tars read at random) cost more than it saved."""
     index = index_of(archive)
     monkeypatch.setattr(warm, "MIN_SIZE", index.stat().st_size + 1)
-    pool = ConnectionPool(str(index))
-    try:
-        pool.query("SELECT 1 FROM metadata LIMIT 1")
-        warmer = pool._warmer
-        assert warmer is not None
-        evict(index)
-        next_probe(warmer)
-        pool.query("SELECT 1 FROM metadata LIMIT 1")
+    with warmed_pool(index) as (pool, warmer):
+        query_after_eviction(pool, index)
         assert warmer.warm_count == 0
-    finally:
-        pool.close()
 
 
 def test_read_aheads_at_once_are_bounded(archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
