@@ -5,9 +5,10 @@ from __future__ import annotations
 import gzip
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List
 
 import pytest
 from conftest import Mounter, run_ratarmount, tar_bytes
@@ -215,3 +216,37 @@ def test_archive_members_in_a_folder_are_immutable_entries(tmp_path: Path) -> No
         assert union.is_immutable_entry(union.info("/b.txt"))
         assert union.is_immutable_entry(union.info("/train/n0001.tar/n0001_1.JPEG"))
         assert not union.is_immutable_entry(union.info("/labels.txt"))
+
+
+def test_lazy_archives_open_one_at_a_time_each_but_not_behind_each_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An archive whose index is being built keeps no other archive of the folder waiting."""
+    root = dataset(tmp_path / "data")
+    src = DirectorySource(str(root), OpenOptions(recursive=True, lazy=True))
+    release = threading.Event()
+    original = DirectorySource._open_archive
+    opened: List[str] = []
+
+    def slow_for_n0000(self: DirectorySource, relative: str) -> object:
+        opened.append(relative)
+        if relative == "train/n0000.tar":
+            assert release.wait(10)
+        return original(self, relative)
+
+    monkeypatch.setattr(DirectorySource, "_open_archive", slow_for_n0000)
+    with src:
+        results: Dict[str, bytes] = {}
+        slow = [
+            threading.Thread(target=lambda: results.update(a=src.read("/train/n0000.tar/n0000_0.JPEG")))
+            for _ in range(2)
+        ]
+        for thread in slow:
+            thread.start()
+        time.sleep(0.2)
+        assert src.read("/train/n0001.tar/n0001_0.JPEG") == CLASSES["n0001"]["n0001_0.JPEG"]  # not held up
+        release.set()
+        for thread in slow:
+            thread.join(10)
+        assert results["a"] == CLASSES["n0000"]["n0000_0.JPEG"]
+        assert opened.count("train/n0000.tar") == 1  # the second reader waited for the first opening

@@ -101,6 +101,8 @@ class DirectorySource(MountSource):
         self._generation = forks.generation
         #: relative path of a regular file -> what is known of it as an archive
         self._archives: Dict[str, _Known] = {}
+        #: relative path -> lock held while that archive is opened
+        self._opening: Dict[str, threading.Lock] = {}
 
     @property
     def is_immutable(self) -> bool:
@@ -171,15 +173,26 @@ class DirectorySource(MountSource):
         known = self._known(parent, name, relative, st)
         if not known.archive or known.failed or known.source is not None:
             return known.source
-        with self._lock:  # (one opening at a time: the index may be built now)
-            current = self._archives.get(relative)
+        with self._lock:
+            opening = self._opening.setdefault(relative, threading.Lock())
+        # One opening per archive at a time (its index may be built now), while other archives
+        # are opened and used meanwhile.
+        with opening:
+            with self._lock:
+                current = self._archives.get(relative)
             if current is None or current.key != known.key:
                 return None  # changed meanwhile
             if current.source is not None or current.failed:
                 return current.source
             source = self._open_archive(relative)
-            self._archives[relative] = current._replace(source=source, failed=source is None)
-            return source
+            with self._lock:
+                if self._archives.get(relative) is current:
+                    self._archives[relative] = current._replace(source=source, failed=source is None)
+                    self._opening.pop(relative, None)
+                    return source
+            if source is not None:  # (the file changed while it was opened)
+                source.close()
+            return None
 
     def _archive_at(self, relative: str) -> Optional[MountSource]:
         """The archive at ``relative`` (a path of the folder, resolved afresh), opened if need be."""
@@ -389,6 +402,7 @@ class DirectorySource(MountSource):
         with forks.renewal_lock():
             if self._generation != forks.generation:
                 self._lock = threading.Lock()
+                self._opening = {}
                 self._generation = forks.generation
 
     def close(self) -> None:
