@@ -27,8 +27,12 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="needs pre
 
 @pytest.fixture(autouse=True)
 def small_indexes_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The test archive's index is smaller than warm.MIN_SIZE: read it ahead all the same."""
+    """The test archive's index is smaller than warm.MIN_SIZE: read it ahead all the same. The
+    tests evict on purpose right after read-aheads (no pause for that, unless a test asks), and
+    read-aheads of other tests' pools do not count against theirs."""
     monkeypatch.setattr(warm, "MIN_SIZE", 0)
+    monkeypatch.setattr(warm, "UNRELIABLE_WITHIN", 0.0)
+    monkeypatch.setattr(warm, "_RUNNING", threading.BoundedSemaphore(warm.MAX_RUNNING))
 
 
 def evict(path: Path) -> None:
@@ -153,7 +157,6 @@ def test_read_aheads_are_paid_from_a_budget(archive: Path, monkeypatch: pytest.M
     """Two read-aheads at once at most; then one only as the budget fills up again."""
     index = index_of(archive)
     monkeypatch.setattr(warm, "REWARM_RATE", 1)  # the budget fills up by a byte per second
-    monkeypatch.setattr(warm, "UNRELIABLE_WITHIN", 0.0)  # (evicted at once on purpose)
     with warmed_pool(index) as (pool, warmer):
         started = []
         for _round in range(4):
@@ -165,9 +168,12 @@ def test_read_aheads_are_paid_from_a_budget(archive: Path, monkeypatch: pytest.M
         assert cached_pages(index) < pages(index)  # the last eviction stays
 
 
-def test_pages_missing_right_after_a_read_ahead_pause_the_probes(archive: Path) -> None:
+def test_pages_missing_right_after_a_read_ahead_pause_the_probes(
+    archive: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A file system whose probe always says "not cached", or a machine that evicts as fast as
     the index is read: no read-ahead after read-ahead."""
+    monkeypatch.setattr(warm, "UNRELIABLE_WITHIN", 1.0)
     index = index_of(archive)
     with warmed_pool(index) as (pool, warmer):
         query_after_eviction(pool, index)
