@@ -173,7 +173,7 @@ def test_pages_missing_right_after_a_read_ahead_pause_the_probes(
 ) -> None:
     """A file system whose probe always says "not cached", or a machine that evicts as fast as
     the index is read: no read-ahead after read-ahead."""
-    monkeypatch.setattr(warm, "UNRELIABLE_WITHIN", 1.0)
+    monkeypatch.setattr(warm, "UNRELIABLE_WITHIN", 5.0)
     index = index_of(archive)
     with warmed_pool(index) as (pool, warmer):
         query_after_eviction(pool, index)

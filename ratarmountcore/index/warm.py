@@ -42,7 +42,7 @@ PROBES = 6
 #: many bytes per second: two read-aheads at once at most, then on average no more than this.
 REWARM_RATE = 4 << 20
 #: Pages found missing this soon after a complete read-ahead (seconds) ...
-UNRELIABLE_WITHIN = 1.0
+UNRELIABLE_WITHIN = 0.25
 #: ... pause the probes for this long (seconds).
 PAUSE = 60.0
 #: A file larger than this share of MemAvailable is not read ahead.
