@@ -8,6 +8,8 @@ no page cache of its own (tmpfs), there is nothing to test and the tests skip.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import mmap
 import os
 import threading
 import time
@@ -45,19 +47,20 @@ def evict(path: Path) -> None:
 
 
 def cached_pages(path: Path) -> int:
-    """How many of the file's 4 KiB pages are in the page cache."""
-    fd = os.open(path, os.O_RDONLY)
-    byte = bytearray(1)
-    count = 0
-    try:
-        for offset in range(0, os.fstat(fd).st_size, 4096):
-            try:
-                os.preadv(fd, [byte], offset, os.RWF_NOWAIT)
-                count += 1
-            except BlockingIOError:
-                pass
-    finally:
-        os.close(fd)
+    """How many of the file's 4 KiB pages are in the page cache, by mincore(2): a read with
+    RWF_NOWAIT of a page that is not cached starts the kernel's read-ahead around it, so counting
+    that way would fill the cache it counts."""
+    size = path.stat().st_size
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as mapped:
+        anchor = ctypes.c_char.from_buffer(mapped)
+        vector = ctypes.create_string_buffer((size + 4095) // 4096)
+        failed = libc.mincore(ctypes.addressof(anchor), size, vector) != 0
+        del anchor  # (the mapping cannot be closed while exported)
+        if failed:
+            raise OSError(ctypes.get_errno(), "mincore")
+        count = sum(byte & 1 for byte in vector.raw)
     return count
 
 
@@ -128,10 +131,15 @@ def test_lookups_on_an_evicted_index_read_it_back_whole(archive: Path) -> None:
         wait_until_idle(warmer)
         evict(index)
         assert cached_pages(index) < pages(index) // 2
-        next_probe(warmer)
         count = warmer.warm_count
-        assert source.stat("folder7/file-with-a-longer-name-00007.bin").st_size == 0
-        assert warmer.warm_count == count + 1
+        # A probe samples six pages: it finds the eviction at the first lookup, unless the few
+        # pages the eviction left happen to be the ones sampled; then at one of the next.
+        for i in range(5):
+            next_probe(warmer)
+            assert source.stat(f"folder{i}/file-with-a-longer-name-{i:05d}.bin").st_size == i % 7
+            if warmer.warm_count > count:
+                break
+        assert warmer.warm_count == count + 1, f"{cached_pages(index)} of {pages(index)} pages cached"
         wait_until_idle(warmer)
         assert cached_pages(index) == pages(index)
         # Everything cached: the next probe reads nothing.

@@ -167,15 +167,16 @@ class IndexWarmer:
         available = available_memory()
         if available is not None and self._size > available * MAX_SHARE_OF_MEMORY:
             return
-        if not _RUNNING.acquire(blocking=False):
+        running = _RUNNING
+        if not running.acquire(blocking=False):
             return  # others are reading ahead: probed again later
         self._budget -= self._size
         self.warm_count += 1
         logger.debug("%s: not all in the page cache; reading its %d bytes ahead", self.path, self._size)
-        self._thread = threading.Thread(target=self._warm, name="ratarmount-index-ahead", daemon=True)
+        self._thread = threading.Thread(target=self._warm, args=(running,), name="ratarmount-index-ahead", daemon=True)
         self._thread.start()
 
-    def _warm(self) -> None:
+    def _warm(self, running: threading.BoundedSemaphore) -> None:
         fd = self._open()
         offset = 0
         try:
@@ -196,7 +197,7 @@ class IndexWarmer:
                 self._thread = None
                 if offset >= self._size:
                     self._warmed_at = time.monotonic()
-            _RUNNING.release()
+            running.release()  # (the semaphore it took, whatever the module holds by now)
 
     def close(self) -> None:
         """Stop: no more probes; a read-ahead under way ends after its current chunk."""
