@@ -62,6 +62,7 @@ def test_idle_connections_beyond_the_bound_are_closed_and_reopened(
 ) -> None:
     monkeypatch.setattr(pool_module, "MAX_IDLE", 2)
     monkeypatch.setattr(pool_module, "_IDLE", pool_module._IdleConnections())
+    monkeypatch.setattr(pool_module, "_LIVE", weakref.WeakSet())  # (pools other tests left open)
     pools = [ConnectionPool(str(database(tmp_path / f"db{i}.sqlite"))) for i in range(3)]
     try:
         for p in pools:
@@ -80,6 +81,8 @@ def test_union_of_many_archives_reads_with_connections_closed_under_it(
 ) -> None:
     monkeypatch.setattr(pool_module, "MAX_IDLE", 3)
     monkeypatch.setattr(pool_module, "PAGE_CACHE_BUDGET", 1 << 20)
+    monkeypatch.setattr(pool_module, "_IDLE", pool_module._IdleConnections())
+    monkeypatch.setattr(pool_module, "_LIVE", weakref.WeakSet())
     paths = []
     for i in range(12):
         path = tmp_path / f"part{i:02d}.tar"

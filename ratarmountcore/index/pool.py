@@ -14,19 +14,21 @@ is closed, a warning says so once, and queries go on through the connections ope
 waiting for an idle one.
 
 A connection held ~150-250 KiB, most of it SQLite's page cache (16 KiB pages, up to 1 MiB per
-connection): a union of 1,100 archives held 315 MiB after a ``find``, the PyPI release 211 MiB.
+connection): a union of 1,100 archives held 241 MiB after a ``find``, the PyPI release 211 MiB.
 So the page cache is a budget of the process, ``PAGE_CACHE_BUDGET`` split among the pools alive
-when a connection opens (one archive: 1 MiB per connection as before; a union of 1,000: 64 KiB,
-four pages, which keeps a lookup's interior pages). And idle connections of all pools are kept
-in one LRU of at most ``MAX_IDLE``; beyond it the least recently used is closed, and its pool
-opens a new one (~0.3 ms: the schema is parsed again) when it needs one again. Closing instead
-of shrinking was measured: with 64 idle connections for a union of 1,100 archives, 1,000 reads
-across 1,000 of them took 0.46 s instead of 0.13 s.
+when a connection opens (one archive: 1 MiB per connection as before; a share below what SQLite
+keeps anyway is none: a union of 1,000 archives reads its index pages from the kernel's page
+cache). As a backstop, when more than ``MAX_IDLE`` connections are open in the process, opening
+another closes idle ones of the least recently used pools, which open new ones (~0.3 ms: the
+schema is parsed again) when they need them again. That is decided when a connection opens, so
+a query pays only for a counter. Closing instead of shrinking was measured: with at most 64
+connections for a union of 1,100 archives, 1,000 reads across 1,000 of them took 0.46 s instead
+of 0.13 s.
 """
 
 from __future__ import annotations
 
-import collections
+import itertools
 import logging
 import os
 import sqlite3
@@ -55,8 +57,8 @@ def read_only_uri(path: str) -> str:
     return "file:" + percent_encoded(os.path.abspath(path)) + "?mode=ro&immutable=1"
 
 
-#: Idle connections kept open across all pools of the process (a backstop for unions of
-#: thousands of archives; each then holds ~30 KiB).
+#: Connections open across all pools of the process beyond which idle ones are closed (a
+#: backstop for unions of thousands of archives; each then holds ~30 KiB).
 MAX_IDLE = 4096
 #: SQLite page cache of all connections together, split among the live pools, at most
 #: ``PAGE_CACHE_MAX`` each; a share below ``PAGE_CACHE_FLOOR`` (SQLite keeps at least 10 pages
@@ -68,32 +70,34 @@ PAGE_CACHE_FLOOR = 160 << 10
 #: Prepared statements Python's sqlite3 keeps per connection (a pool uses about ten).
 CACHED_STATEMENTS = 24
 
+#: Ticks of queries: a pool's last one tells how recently it was used (``next`` is atomic).
+_TICKS = itertools.count()
+
 
 class _IdleConnections:
-    """Process-wide LRU of the pools' idle connections. Its lock is never held together with a
+    """The number of connections open in the process; beyond ``MAX_IDLE``, opening one closes
+    idle connections of the least recently used pools. Its lock is never held together with a
     pool's lock."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._lru: "collections.OrderedDict[int, Tuple[weakref.ref[ConnectionPool], sqlite3.Connection]]" = (
-            collections.OrderedDict()
-        )
+        self._count = 0
 
-    def returned(self, pool: "ConnectionPool", conn: sqlite3.Connection) -> None:
-        victims = []
+    def opened(self, pool: "ConnectionPool") -> None:
         with self._lock:
-            self._lru[id(conn)] = (weakref.ref(pool), conn)
-            self._lru.move_to_end(id(conn))
-            while len(self._lru) > MAX_IDLE:
-                victims.append(self._lru.popitem(last=False)[1])
-        for pool_ref, victim in victims:
-            owner = pool_ref()
-            if owner is not None:
-                owner._evict(victim)
+            self._count += 1
+            excess = self._count - MAX_IDLE
+        if excess <= 0:
+            return
+        for other in sorted(list(_LIVE), key=lambda p: p._last_used):
+            if other is not pool:
+                excess -= other._close_idle(excess)
+                if excess <= 0:
+                    return
 
-    def taken(self, conn: sqlite3.Connection) -> None:
+    def closed(self, count: int) -> None:
         with self._lock:
-            self._lru.pop(id(conn), None)
+            self._count -= count
 
 
 _IDLE = _IdleConnections()
@@ -130,6 +134,8 @@ class ConnectionPool:
         self._replaced = False
         #: Reads the file into the page cache when lookups would find it missing there (warm.py).
         self._warmer: Optional[IndexWarmer] = None
+        #: ``_TICKS`` at the last query (see ``_IdleConnections``).
+        self._last_used = 0
         _LIVE.add(self)
 
     def _connect(self) -> Optional[sqlite3.Connection]:
@@ -166,6 +172,7 @@ class ConnectionPool:
             if self._warmer is None:
                 self._warmer = IndexWarmer(self.path, identity, st.st_size)
             self._all.append(conn)
+        _IDLE.opened(self)
         return conn
 
     def _gone(self, why: str) -> None:
@@ -182,11 +189,9 @@ class ConnectionPool:
 
     def _borrow(self) -> sqlite3.Connection:
         with self._lock:
-            conn = self._idle.pop() if self._idle else None
+            if self._idle:
+                return self._idle.pop()
             replaced = self._replaced and bool(self._all)
-        if conn is not None:
-            _IDLE.taken(conn)
-            return conn
         if not replaced:
             conn = self._connect()
             if conn is not None:
@@ -196,36 +201,37 @@ class ConnectionPool:
                 if not self._all:  # (closed meanwhile)
                     raise sqlite3.OperationalError(f"{self.path}: no connection to the index is left")
                 self._returned.wait()
-            conn = self._idle.pop()
-        _IDLE.taken(conn)
-        return conn
+            return self._idle.pop()
 
     def query(self, sql: str, params: tuple = (), one: bool = False) -> Any:
         warmer = self._warmer
         if warmer is not None:
             warmer.poke()
+        self._last_used = next(_TICKS)
         conn = self._borrow()
         try:
             cursor = conn.execute(sql, params)
             return cursor.fetchone() if one else cursor.fetchall()
         finally:
             with self._lock:
-                idle = conn in self._all  # (not when the pool was closed meanwhile)
-                if idle:
+                if conn in self._all:  # (not when the pool was closed meanwhile)
                     self._idle.append(conn)
                     self._returned.notify()
-            if idle:
-                _IDLE.returned(self, conn)
 
-    def _evict(self, conn: sqlite3.Connection) -> None:
-        """Close ``conn`` if it is still idle here (the process has too many idle connections).
-        A pool whose file was replaced keeps what it has: it cannot open another."""
+    def _close_idle(self, most: int) -> int:
+        """Close up to ``most`` idle connections (the process has too many open); how many. A
+        pool whose file was replaced keeps what it has: it cannot open another."""
         with self._lock:
-            if self._replaced or conn not in self._idle:
-                return
-            self._idle.remove(conn)
-            self._all.remove(conn)
-        conn.close()
+            if self._replaced:
+                return 0
+            closing = self._idle[:most]
+            del self._idle[: len(closing)]
+            for conn in closing:
+                self._all.remove(conn)
+        for conn in closing:
+            conn.close()
+        _IDLE.closed(len(closing))
+        return len(closing)
 
     @property
     def identity(self) -> Optional[Tuple[int, int]]:
@@ -246,6 +252,5 @@ class ConnectionPool:
             self._all.clear()
             self._idle.clear()
             self._returned.notify_all()
-        for conn in connections:
-            _IDLE.taken(conn)
+        _IDLE.closed(len(connections))
         _LIVE.discard(self)

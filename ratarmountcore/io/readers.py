@@ -105,9 +105,7 @@ class PlainFileReader:
     def duplicate(self) -> "PlainFileReader":
         """A reader of its own over the same open file (``os.dup``): for a forked child, which
         must not close what its parent's objects hold."""
-        twin = PlainFileReader.__new__(PlainFileReader)
-        twin.path, twin.size, twin.fd = self.path, self.size, os.dup(self.fd)
-        return twin
+        return PlainFileReader.from_fd(self.path, os.dup(self.fd))
 
     def pread(self, offset: int, size: int) -> bytes:
         if size <= MAX_SYSCALL_READ:
