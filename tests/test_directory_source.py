@@ -250,3 +250,23 @@ def test_lazy_archives_open_one_at_a_time_each_but_not_behind_each_other(
             thread.join(10)
         assert results["a"] == CLASSES["n0000"]["n0000_0.JPEG"]
         assert opened.count("train/n0000.tar") == 1  # the second reader waited for the first opening
+
+
+def test_member_found_before_its_archive_was_rewritten_is_never_read_from_the_new_file(tmp_path: Path) -> None:
+    """A member's info names the source it was found in: read through a source opened on the
+    rewritten file, its offsets would point into the new content."""
+    root = tmp_path / "data"
+    root.mkdir()
+    archive = root / "x.tar"
+    archive.write_bytes(tar_bytes({"a.bin": b"A" * 5000}))
+    with ratarmountcore.open(str(root), OpenOptions(recursive=True)) as src:
+        old = src.info("/x.tar/a.bin")
+        archive.write_bytes(tar_bytes({"z.bin": b"Z" * 10000, "a.bin": b"A" * 5000}))  # in place
+        os.utime(archive, ns=(1, 1))
+        assert src.read("/x.tar/a.bin") == b"A" * 5000  # found afresh: the new file's member
+        try:
+            with src.open_info(old) as f:
+                got = f.read()
+        except OSError:
+            return  # refused: fine
+        assert got == b"A" * 5000, "the old member's offsets were read in the rewritten file"
