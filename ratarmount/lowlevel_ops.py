@@ -162,17 +162,18 @@ class LowLevelOperations:
 
     def _resolve(self, node: int) -> Tuple[str, Entry]:
         """Path and entry of a node id the kernel holds."""
+        found = self._looked_up.get(node)
+        if found is not None:
+            return found
         if node == ROOT_ID or node >= self.nodes.first:
             path = self.nodes.path(node)
             return path, self._require(path)
-        found = self._looked_up.get(node)
-        if found is None:
-            listed = self._listed_folders.get(node)
-            if listed is not None:  # a folder the kernel got from a listing: by path, mostly cached
-                entry = self._entry(listed)
-                if entry is not None and entry[0].ino == node:
-                    return listed, entry
-            found = self._by_ino(node)
+        listed = self._listed_folders.get(node)
+        if listed is not None:  # a folder the kernel got from a listing: by path, mostly cached
+            entry = self._entry(listed)
+            if entry is not None and entry[0].ino == node:
+                return listed, entry
+        found = self._by_ino(node)
         if found is None:
             raise StaleNodeError(node)
         return found
@@ -297,7 +298,10 @@ class LowLevelOperations:
         if entry is None:
             return self._negative, None
         node = self._node_of(path, entry[0])
-        if node < self.nodes.first:
+        if node < self.nodes.first or (not self._uniform and self.source.is_immutable_entry(entry[0])):
+            # (A table's node id is never given to another path, so an entry that cannot change
+            # -- an archive member in a folder source -- serves the OPEN and GETATTR after the
+            # LOOKUP: without it they resolved the path again, an index query and host stats.)
             self._remember(node, (path, entry))
         return abi.entry_out(node, self._attr(node, entry), self._timeout_of(entry[0])), entry[0]
 

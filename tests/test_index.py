@@ -13,6 +13,7 @@ import pytest
 
 import ratarmountcore
 from ratarmountcore.errors import IndexNotWritableError, TruncatedArchiveError
+from ratarmountcore.index.folder_rows import RUN_GAP
 from ratarmountcore.index.sqlite_index import (
     APPLICATION_ID,
     FORMAT_VERSION,
@@ -229,6 +230,36 @@ def test_only_runs_of_lookups_in_a_folder_load_it(tmp_path: Path) -> None:
             assert src.lookup("/d3") is not None
             assert src.read(f"/d3/f{f}") == f"3/{f}".encode()
         assert folders.loads == 2
+
+
+def test_lookups_far_apart_in_one_archive_are_no_run(tmp_path: Path) -> None:
+    """Random opens over a folder of single-folder archives (ImageNet's class tars, ``-r``):
+    two lookups in one archive with many lookups elsewhere between them query one row each;
+    lookups close together (a walk over one class, a few readers interleaved) load the folder."""
+    sources = []
+    for k in range(3):
+        archive = tmp_path / f"c{k}.tar"
+        with tarfile.open(archive, "w") as tar:
+            for f in range(10):
+                info = tarfile.TarInfo(f"f{f}")
+                info.size = 2
+                tar.addfile(info, io.BytesIO(f"{k}{f}".encode()))
+        sources.append(ratarmountcore.open(str(archive)))
+    try:
+        first, second, third = sources
+        for f in range(5):
+            assert first.read(f"/f{f}") == f"0{f}".encode()
+            for _ in range(RUN_GAP):  # lookups in other archives between them
+                assert second.lookup("/f1") is not None
+        assert first._folder_rows.loads == 0  # type: ignore[attr-defined]
+        assert second._folder_rows.loads == 1  # type: ignore[attr-defined]
+        for f in range(10):  # two walks interleaved closely
+            assert first.read(f"/f{f}") == f"0{f}".encode()
+            assert third.read(f"/f{f}") == f"2{f}".encode()
+        assert first._folder_rows.loads == 1 and third._folder_rows.loads == 1  # type: ignore[attr-defined]
+    finally:
+        for source in sources:
+            source.close()
 
 
 @pytest.mark.parametrize("name", ["plain", "with space", "100%", "a?b#c", "grüße", "ü&=;+,", "\udcff-not-utf8"])

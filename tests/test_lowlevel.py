@@ -336,6 +336,43 @@ def test_folder_versions_are_pseudo_entries(tmp_path: Path) -> None:
         assert [r[0] for r in list_all(ops, folder, plus=True, size=4096)] == [b".", b"..", b"f"]
 
 
+def test_a_folder_source_resolves_an_archive_member_once_per_lookup(tmp_path: Path) -> None:
+    """In a folder of archives (``-r``) the OPEN and GETATTR after a member's LOOKUP use the entry
+    the lookup found (an archive member cannot change under its node id); the folder's own files
+    may change, so they are looked up again."""
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    make_tar(folder / "data.tar")
+    (folder / "plain.txt").write_bytes(b"plain")
+    with ratarmountcore.open(str(folder), options=ratarmountcore.OpenOptions(recursive=True)) as source:
+        ops = LowLevelOperations(source)
+        ops.init(no_open_supported=False)
+        looked_up: List[str] = []
+        real = source.lookup
+
+        def counting(path: str):  # type: ignore[no-untyped-def]
+            looked_up.append(path)
+            return real(path)
+
+        source.lookup = counting  # type: ignore[method-assign]
+        archive = parse_entry(ops.lookup(ROOT_ID, b"data.tar"))[0]
+        a = parse_entry(ops.lookup(archive, b"a"))[0]
+        looked_up.clear()
+        one, timeout, attrs = parse_entry(ops.lookup(a, b"one"))
+        assert timeout == TIMEOUT and attrs["size"] == 10 and looked_up == ["/data.tar/a/one"]
+        handle = struct.unpack("=QII", ops.open(one, os.O_RDONLY))[0]
+        assert parse_attr(ops.getattr(one)[16:])["size"] == 10
+        buffer = bytearray(16)
+        assert ops.read(one, handle, 0, memoryview(buffer)) == 10 and bytes(buffer[:10]) == b"1" * 10
+        ops.release(handle)
+        assert looked_up == ["/data.tar/a/one"]
+        plain, timeout, _ = parse_entry(ops.lookup(ROOT_ID, b"plain.txt"))
+        assert timeout == 1
+        looked_up.clear()
+        ops.release(struct.unpack("=QII", ops.open(plain, os.O_RDONLY))[0])
+        assert looked_up == ["/plain.txt"]  # looked at again: it may have changed
+
+
 def test_runs_of_lookups_are_answered_from_whole_folder_replies(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
