@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import struct
 import tempfile
 import threading
 import time
@@ -270,3 +271,65 @@ def test_member_found_before_its_archive_was_rewritten_is_never_read_from_the_ne
         except OSError:
             return  # refused: fine
         assert got == b"A" * 5000, "the old member's offsets were read in the rewritten file"
+
+
+def test_archive_members_have_unique_inode_numbers_found_again_by_number(tmp_path: Path) -> None:
+    """Members carry inode numbers of their own (archive slot above the member's number), so
+    the low-level front-end names them without a table; the folder's own entries have none; a
+    rewritten archive's old numbers find nothing (its members are looked up anew)."""
+    root = dataset(tmp_path / "data")
+    with ratarmountcore.open(str(root), OpenOptions(recursive=True)) as src:
+        numbers: Dict[int, str] = {}
+        for name, files in CLASSES.items():
+            folder = class_path(name)
+            rows = {row[0].decode(): row for row in src.list_stat_rows(folder) or []}
+            assert set(rows) == set(files)
+            for member in files:
+                path = f"{folder}/{member}"
+                info = src.info(path)
+                assert info.ino > 1 and info.ino not in numbers and rows[member][7] == info.ino
+                numbers[info.ino] = path
+                found = src.by_ino(info.ino)
+                assert found is not None and found[0] == path and found[1].ino == info.ino
+                assert found[1].size == len(files[member]) and src.open_info(found[1]).read() == files[member]
+            part = src.list_stat_rows_after(folder, sorted(files)[0].encode(), 1) or []
+            assert [row[0].decode() for row in part] == sorted(files)[1:2] and part[0][7] == rows[sorted(files)[1]][7]
+        assert src.info("/labels.txt").ino == 0 and src.info("/train/n0000.tar").ino == 0
+        assert all(row[7] == 0 for row in src.list_stat_rows("/train") or [None])
+        old = src.info("/train/n0001.tar/n0001_1.JPEG").ino
+        (root / "train" / "n0001.tar").write_bytes(tar_bytes({"n0001_1.JPEG": b"new"}))
+        os.utime(root / "train" / "n0001.tar", ns=(1, 1))
+        assert src.read("/train/n0001.tar/n0001_1.JPEG") == b"new"
+        assert src.by_ino(old) is None and src.info("/train/n0001.tar/n0001_1.JPEG").ino not in numbers
+    base = tmp_path / "base.tar"
+    base.write_bytes(tar_bytes({"b.txt": b"b"}))
+    with ratarmountcore.open([str(base), str(root)], OpenOptions(recursive=True)) as union:
+        # numbers too large for a union to shift are left out (0), never folded onto others
+        assert union.info("/train/n0000.tar/n0000_0.JPEG").ino == 0 and union.info("/b.txt").ino > 1
+
+
+def test_a_folder_of_archives_is_listed_without_table_nodes(tmp_path: Path) -> None:
+    from test_lowlevel import list_all, parse_entry
+
+    from ratarmount.inodes import ROOT_ID
+    from ratarmount.lowlevel_ops import STABLE_LIMIT, LowLevelOperations
+
+    root = dataset(tmp_path / "data")
+    with ratarmountcore.open(str(root), OpenOptions(recursive=True)) as src:
+        ops = LowLevelOperations(src)
+        ops.init(no_open_supported=False)
+        train = parse_entry(ops.lookup(ROOT_ID, b"train"))[0]
+        folder = parse_entry(ops.lookup(train, b"n0000.tar"))[0]
+        assert train >= STABLE_LIMIT and folder >= STABLE_LIMIT  # the folder's own: table ids
+        before = len(ops.nodes)
+        records = list_all(ops, folder, plus=True, size=4096)
+        members = [r for r in records if r[0] not in (b".", b"..")]
+        assert sorted(r[0].decode() for r in members) == sorted(CLASSES["n0000"])
+        assert all(1 < r[2] < STABLE_LIMIT and r[2] == r[3]["ino"] for r in members)
+        assert len(ops.nodes) == before  # no table ids handed out for the members
+        node = members[0][2]
+        handle = struct.unpack("=QII", ops.open(node, os.O_RDONLY))[0]
+        buffer = bytearray(4096)
+        size = ops.read(node, handle, 0, memoryview(buffer))
+        assert bytes(buffer[:size]) == CLASSES["n0000"][members[0][0].decode()]
+        ops.release(handle)

@@ -153,7 +153,8 @@ class UnionSource(MountSource):
 
     def _wrap(self, number: int, info: FileInfo) -> FileInfo:
         ino = info.ino if info.ino <= 1 and number == 0 else (number << INO_SHIFT) | info.ino
-        return info._replace(ino=ino if info.ino else 0, locator=UnionLocator(number, info))
+        # (a number too large to shift -- a folder source's members -- is left out: 0, none)
+        return info._replace(ino=ino if 0 < info.ino < 1 << INO_SHIFT else 0, locator=UnionLocator(number, info))
 
     def lookup(self, path: str) -> Optional[FileInfo]:
         if path == "/":
