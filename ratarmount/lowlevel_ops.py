@@ -178,6 +178,13 @@ class LowLevelOperations:
             raise StaleNodeError(node)
         return found
 
+    def _path(self, node: int) -> str:
+        """The path of a node id the kernel holds (a table's without looking the entry up: the
+        lookup of a name in it finds out whether it is still there)."""
+        if node >= self.nodes.first or node == ROOT_ID:
+            return self.nodes.path(node)
+        return self._resolve(node)[0]
+
     def _lookup_entry(self, path: str) -> Optional[Entry]:
         info = self.source.lookup(path)
         return None if info is None else (info, abi.pack_attr(info))
@@ -263,7 +270,7 @@ class LowLevelOperations:
         if parent == self._handed_over or self.prefetcher is None:
             return None
         self._handed_over = parent
-        path = self._resolve(parent)[0]
+        path = self._path(parent)
         sizes = self._folder_sizes
         size = sizes.get(path)
         listed = None
@@ -291,7 +298,7 @@ class LowLevelOperations:
         return listed
 
     def _lookup_slow(self, parent: int, name: bytes) -> Tuple[bytes, Optional[FileInfo]]:
-        base = self._resolve(parent)[0]
+        base = self._path(parent)
         text = name.decode(ENCODING, "surrogateescape")
         path = ("/" + text) if base == "/" else (base + "/" + text)
         entry = self._entry(path)
