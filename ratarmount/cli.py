@@ -79,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="mount archives inside archives (and in folders given as sources) as folders",
     )
     parser.add_argument(
+        "--strip-tar-extension",
+        action="store_true",
+        help="with -r, show an archive NAME.tar as the folder NAME (ImageNet's class tars as folders named by "
+        "class alone)",
+    )
+    parser.add_argument(
         "--lazy",
         action="store_true",
         help="with -r, open (and index) the archives in folders given as sources when first used, not before mounting",
@@ -200,6 +206,8 @@ def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     )
     if args.lazy and not args.recursive:
         parser.error("--lazy works with -r (only then are the archives in a folder shown as folders)")
+    if args.strip_tar_extension and not args.recursive:
+        parser.error("--strip-tar-extension works with -r (only then are archives shown as folders)")
     if args.read_ahead < 0:
         parser.error("--read-ahead must be 0 or more KiB")
     fuse_options = parse_fuse_options(args.fuse)
@@ -214,7 +222,13 @@ def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         # Absolute: libfuse changes the working directory to "/" once it runs.
         sources=[os.path.abspath(p) for p in args.paths[:-1]],
         mountpoint=os.path.abspath(args.paths[-1]),
-        open_options=OpenOptions(index=index, compression=compression, recursive=args.recursive, lazy=args.lazy),
+        open_options=OpenOptions(
+            index=index,
+            compression=compression,
+            recursive=args.recursive,
+            lazy=args.lazy,
+            strip_tar_extension=args.strip_tar_extension,
+        ),
         foreground=args.foreground,
         debug=args.debug,
         fuse_options=fuse_options,

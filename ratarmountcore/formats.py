@@ -66,3 +66,15 @@ def sniff(fileobj: BinaryIO) -> FormatId:
     finally:
         fileobj.seek(pos)
     return sniff_bytes(head)
+
+
+#: The extension ``OpenOptions.strip_tar_extension`` takes off the archives shown as folders.
+TAR_EXTENSION = ".tar"
+
+
+def stripped_tar_name(name: str) -> str:
+    """``NAME.tar`` -> ``NAME`` (of the last component of a path; lower case only, so that no two
+    names strip to one; a name that is only the extension stays as it is)."""
+    if name.endswith(TAR_EXTENSION) and len(name.rsplit("/", 1)[-1]) > len(TAR_EXTENSION):
+        return name[: -len(TAR_EXTENSION)]
+    return name

@@ -48,3 +48,6 @@ class OpenOptions:
     #: With ``recursive``, open (and index) the archives in a folder source when first used
     #: instead of when the folder is opened (thousands of archives, few of them read).
     lazy: bool = False
+    #: With ``recursive``, show an archive ``NAME.tar`` (inside an archive, or in a folder source)
+    #: as the folder ``NAME``: ImageNet's class tars as folders named by their class alone.
+    strip_tar_extension: bool = False

@@ -333,3 +333,48 @@ def test_a_folder_of_archives_is_listed_without_table_nodes(tmp_path: Path) -> N
         size = ops.read(node, handle, 0, memoryview(buffer))
         assert bytes(buffer[:size]) == CLASSES["n0000"][members[0][0].decode()]
         ops.release(handle)
+
+
+def test_strip_tar_extension_shows_class_tars_by_class(tmp_path: Path) -> None:
+    """``NAME.tar`` shown as ``NAME`` -- not under both names (to the kernel those would be two
+    folders) -- unless ``NAME`` exists; compressed tars and files that are not archives keep
+    their names."""
+    root = dataset(tmp_path / "data")
+    train = root / "train"
+    (train / "taken.tar").write_bytes(tar_bytes({"t.txt": b"t"}))
+    (train / "taken").mkdir()
+    options = OpenOptions(recursive=True, strip_tar_extension=True)
+    with ratarmountcore.open(str(root), options) as src:
+        assert src.listdir("/train") == ["labels-link", "n0000", "n0001", "n0002.tar.gz", "taken", "taken.tar"]
+        assert "fake.tar" in src.listdir("/") and src.info("/fake.tar").is_file
+        for name, files in CLASSES.items():
+            shown = "/train/n0002.tar.gz" if name == "n0002" else f"/train/{name}"
+            assert src.listdir(shown) == sorted(files)
+            for member, data in files.items():
+                assert src.read(f"{shown}/{member}") == data
+                found = src.by_ino(src.info(f"{shown}/{member}").ino)
+                assert found is not None and found[0] == f"{shown}/{member}"
+        assert not src.exists("/train/n0000.tar") and not src.exists("/train/n0000.tar/n0000_0.JPEG")
+        assert src.read("/train/taken.tar/t.txt") == b"t" and src.listdir("/train/taken") == []
+        assert not src.exists("/train/nothing") and not src.exists("/train/nothing/x")
+        assert {row[0] for row in src.list_stat_rows("/train") or []} >= {b"n0000", b"taken.tar"}
+    with ratarmountcore.open(str(root), OpenOptions(recursive=True, strip_tar_extension=True, lazy=True)) as src:
+        assert src.read("/train/n0001/n0001_2.JPEG") == CLASSES["n0001"]["n0001_2.JPEG"]
+
+
+def test_strip_tar_extension_of_a_mounted_folder(mounter: Mounter, tmp_path: Path) -> None:
+    root = dataset(tmp_path / "data")
+    mnt = mounter.mount(root / "train", extra=["-r", "--strip-tar-extension"])
+    assert sorted(os.listdir(mnt)) == ["labels-link", "n0000", "n0001", "n0002.tar.gz"]
+    found = {}
+    for folder, _dirs, files in os.walk(mnt):
+        for name in files:
+            if not os.path.islink(os.path.join(folder, name)):  # (labels-link leads out of the mount)
+                with open(os.path.join(folder, name), "rb") as f:
+                    found[os.path.relpath(os.path.join(folder, name), mnt)] = f.read()
+    assert found == {
+        f"{name if name != 'n0002' else 'n0002.tar.gz'}/{member}": data
+        for name, files in CLASSES.items()
+        for member, data in files.items()
+    }
+    assert not os.path.exists(mnt / "n0000.tar")

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Dict, List
 
 import pytest
-from conftest import Mounter, tar_bytes
+from conftest import Mounter, run_ratarmount, tar_bytes
 
 import ratarmountcore
 from ratarmountcore.options import OpenOptions
@@ -179,3 +179,59 @@ def test_index_built_with_recursion_serves_without_it_when_no_member_is_an_archi
     with ratarmountcore.open(str(nested)) as src:  # inner.tar is a folder in that index: rebuilt
         assert src.info("/inner.tar").is_file
     assert Path(str(nested) + ".index.sqlite").stat().st_mtime_ns != built[nested]
+
+
+def test_strip_tar_extension_names_inner_archives_by_class(tmp_path: Path) -> None:
+    """``NAME.tar`` inside an archive is the folder ``NAME`` (also nested, and compressed inner
+    archives keep their names); the index records the option: an index built without it is
+    rebuilt, an index without inner archives serves either way."""
+    expected = make_nested(tmp_path)
+    stripped = {
+        path.replace("/n0000.tar/", "/n0000/").replace("/n0001.tar/", "/n0001/").replace("/n0002.tar/", "/n0002/")
+        .replace("/n0003.tar/", "/n0003/").replace("/level1.tar/level2.tar/", "/level1/level2/"): data
+        for path, data in expected.items()
+    }  # fmt: skip
+    outer = tmp_path / "outer.tar"
+    index = Path(str(outer) + ".index.sqlite")
+    with ratarmountcore.open(str(outer), OpenOptions(recursive=True)) as src:
+        assert src.is_dir("/train/n0001.tar")
+    built = index.stat().st_mtime_ns
+    options = OpenOptions(recursive=True, strip_tar_extension=True)
+    with ratarmountcore.open(str(outer), options) as src:
+        found = {}
+        for folder, _dirs, files in src.walk("/"):
+            for name in files:
+                path = folder.rstrip("/") + "/" + name
+                found[path] = src.read(path)
+        assert found == stripped
+        assert src.listdir("/train") == ["n0000", "n0001", "n0002", "n0003"]
+        assert not src.exists("/train/n0001.tar") and src.is_dir("/nested/level1/level2")
+    assert index.stat().st_mtime_ns != built  # names differ: rebuilt
+    rebuilt = index.stat().st_mtime_ns
+    with ratarmountcore.open(str(outer), options) as src:
+        assert src.read("/train/n0002/n0002_1.JPEG") == expected["/train/n0002.tar/n0002_1.JPEG"]
+    assert index.stat().st_mtime_ns == rebuilt  # and then used
+    plain = tmp_path / "plain.tar"
+    plain.write_bytes(tar_bytes({"a.tar.txt": b"a"}))
+    with ratarmountcore.open(str(plain), OpenOptions(recursive=True)):
+        pass
+    built = Path(str(plain) + ".index.sqlite").stat().st_mtime_ns
+    with ratarmountcore.open(str(plain), options) as src:  # no inner archive: nothing to strip
+        assert src.read("/a.tar.txt") == b"a"
+    assert Path(str(plain) + ".index.sqlite").stat().st_mtime_ns == built
+    gz = tmp_path / "gz.tar"
+    inner = compress(tar_bytes({"x": b"x"}), "gzip")
+    gz.write_bytes(tar_bytes({"c.tar.gz": inner, "only.tar": tar_bytes({"y": b"y"})}))
+    with ratarmountcore.open(str(gz), options) as src:
+        assert src.listdir("/") == ["c.tar.gz", "only"] and src.read("/c.tar.gz/x") == b"x"
+
+
+def test_strip_tar_extension_through_fuse(mounter: Mounter, tmp_path: Path) -> None:
+    expected = make_nested(tmp_path)
+    mnt = mounter.mount(tmp_path / "outer.tar", extra=["-r", "--strip-tar-extension"])
+    assert sorted(os.listdir(mnt / "train")) == ["n0000", "n0001", "n0002", "n0003"]
+    assert not os.path.exists(mnt / "train" / "n0000.tar")
+    with open(mnt / "train" / "n0003" / "n0003_2.JPEG", "rb") as f:
+        assert f.read() == expected["/train/n0003.tar/n0003_2.JPEG"]
+    result = run_ratarmount("--strip-tar-extension", str(tmp_path / "outer.tar"), str(tmp_path / "elsewhere"))
+    assert result.returncode != 0 and "works with -r" in result.stderr and "Traceback" not in result.stderr

@@ -47,6 +47,9 @@ LIST_STATS_SQL = _LIST_STATS + " AND name != x'' ORDER BY name, id"
 #: folder are unique, so the name alone says where the last part ended).
 LIST_STATS_AFTER_SQL = _LIST_STATS + " AND name > ? ORDER BY name, id LIMIT ?"
 
+#: Build options that indexes written before they existed were built with.
+OPTION_DEFAULTS = {"strip_tar_extension": "0"}
+
 Row = Tuple[int, bytes, bytes, str, int, int, int, int, int, int, int, bytes, int, Optional[bytes], int, int]
 
 
@@ -477,14 +480,16 @@ class IndexReader:
 
     def check_options(self, expected: Dict[str, str]) -> None:
         for key, value in expected.items():
-            stored = self.metadata.get(key)
+            stored = self.metadata.get(key, OPTION_DEFAULTS.get(key))
             if stored == value:
                 continue
+            no_inner = self.metadata.get("layout") == "single_file" or self.metadata.get("inner_archives") == "0"
             if key == "recursive" and (
-                self.metadata.get("layout") == "single_file"
-                or ((stored, value) == ("1", "0") and self.metadata.get("inner_archives") == "0")
+                self.metadata.get("layout") == "single_file" or ((stored, value) == ("1", "0") and no_inner)
             ):
                 continue  # one compressed file, or no member was an archive: the same rows either way
+            if key == "strip_tar_extension" and no_inner:
+                continue  # no archive shown as a folder: no name to strip
             raise StaleIndexError(f"index was built with {key}={stored!r}, need {value!r}")
 
     # --- queries ------------------------------------------------------------------------------

@@ -356,7 +356,10 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
         if stats.size == 0:
             raise ArchiveError(f"{path}: file is empty")
         fmt = sniff_bytes(plain.pread(0, 512))
-        build_options = {"format": fmt.value, "recursive": str(int(options.recursive))}
+        strip = options.recursive and options.strip_tar_extension
+        build_options = {
+            "format": fmt.value, "recursive": str(int(options.recursive)), "strip_tar_extension": str(int(strip)),
+        }  # fmt: skip
         if fmt in COMPRESSIONS:
             compressed = open_compressed(path, plain, fmt, options.compression)
             reader = compressed
@@ -376,7 +379,7 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
             if reader is plain:
                 index_tar(
                     plain, stats.size, writer, path, options.index.progress, options.recursive,
-                    options.compression, plain.fd,
+                    options.compression, plain.fd, strip_tar_extension=strip,
                 )  # fmt: skip
                 return
             tell_member_size(compressed)
@@ -384,6 +387,7 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
                 index_tar(
                     scan, None, writer, path, options.index.progress, options.recursive,
                     options.compression, compressed=(compressed.compressed_size, compressed.compressed_progress),
+                    strip_tar_extension=strip,
                 )  # fmt: skip
             compressed.export_seek_points(writer)
 

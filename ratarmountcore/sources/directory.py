@@ -32,6 +32,7 @@ members by it instead of keeping a table of paths (a ``find`` over 1,000 class t
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -39,7 +40,7 @@ import threading
 from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from ..errors import NotFoundError, RatarmountError
-from ..formats import COMPRESSIONS, FormatId, sniff_bytes
+from ..formats import COMPRESSIONS, TAR_EXTENSION, FormatId, sniff_bytes, stripped_tar_name
 from ..index.locations import INDEX_SUFFIX
 from ..io import forks
 from ..io.readers import MemberFile, PlainFileReader
@@ -114,6 +115,7 @@ class DirectorySource(MountSource):
         self.path = os.path.abspath(path)
         self._options = options or OpenOptions()
         self._recursive = self._options.recursive
+        self._strip = self._recursive and self._options.strip_tar_extension
         try:
             self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
@@ -124,8 +126,9 @@ class DirectorySource(MountSource):
         self._archives: Dict[str, _Known] = {}
         #: relative path -> lock held while that archive is opened
         self._opening: Dict[str, threading.Lock] = {}
-        #: (relative path, source) of each archive opened, by slot - 1; id(source) -> its base
-        self._slots: List[Tuple[str, MountSource]] = []
+        #: (relative path, path shown, source) of each archive opened, by slot - 1; id(source) ->
+        #: its base
+        self._slots: List[Tuple[str, str, MountSource]] = []
         self._bases: Dict[int, int] = {}
 
     @property
@@ -138,33 +141,84 @@ class DirectorySource(MountSource):
         return isinstance(info.locator, MemberLocator)
 
     # --- resolving paths ----------------------------------------------------------------------
-    def _resolve(self, path: str) -> Optional[_Resolved]:
+    def _resolve(self, path: str, shown: bool = True) -> Optional[_Resolved]:
         """Follow ``path`` (normalized, absolute, not "/") down from the folder, never through a
-        symbolic link; None when a component is missing or not a folder (or archive)."""
+        symbolic link; None when a component is missing or not a folder (or archive). ``shown``:
+        ``path`` is one the source shows (archives perhaps without ``.tar``), else the names in
+        the folder."""
+        strip = self._strip and shown
         parts = path.strip("/").split("/")
+        real: List[str] = []  # the names in the folder (an archive's is NAME.tar when shown as NAME)
         fd = self._fd
         try:
             for depth, part in enumerate(parts[:-1]):
                 if self._recursive:
-                    st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+                    name, st = (
+                        self._host_entry(fd, part, real)
+                        if strip
+                        else (part, os.stat(part, dir_fd=fd, follow_symlinks=False))
+                    )
+                    real.append(name)
                     if stat.S_ISREG(st.st_mode):
-                        relative = "/".join(parts[: depth + 1])
-                        archive = self._archive(fd, part, relative, st)
+                        relative = "/".join(real)
+                        archive = self._archive(fd, name, relative, st)
                         if archive is None:
                             return None
                         if fd != self._fd:
                             os.close(fd)
                         inner = "/" + "/".join(parts[depth + 1 :])
                         return _Resolved(self._fd, "", relative, archive, relative, inner)
-                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                else:
+                    real.append(part)
+                child = os.open(real[-1], _DIR_FLAGS, dir_fd=fd)
                 if fd != self._fd:
                     os.close(fd)
                 fd = child
+            last = parts[-1]
+            if strip:
+                last = self._host_entry(fd, last, real)[0]
         except OSError:  # missing, not a folder, a symbolic link (ELOOP), no permission
             if fd != self._fd:
                 os.close(fd)
             return None
-        return _Resolved(fd, parts[-1], "/".join(parts))
+        real.append(last)
+        return _Resolved(fd, last, "/".join(real))
+
+    def _host_entry(self, fd: int, shown: str, above: List[str]) -> Tuple[str, os.stat_result]:
+        """The name in folder ``fd`` (at path ``above``) of the entry shown as ``shown``, and its
+        ``lstat``; FileNotFoundError when there is none (``NAME.tar`` shown as ``NAME`` is not
+        found by its own name: one folder under two names would be two folders to the kernel)."""
+        try:
+            st = os.stat(shown, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            if not self._strip:
+                raise
+            name = shown + TAR_EXTENSION
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and self._shown_as_folder(fd, name, "/".join([*above, name]), st):
+                return name, st
+            raise
+        if (
+            self._strip
+            and stat.S_ISREG(st.st_mode)
+            and self._stripped(fd, shown, "/".join([*above, shown]), st) != shown
+        ):
+            raise FileNotFoundError(errno.ENOENT, "shown without its .tar", shown)
+        return shown, st
+
+    def _stripped(self, fd: int, name: str, relative: str, st: os.stat_result) -> str:
+        """The name the regular file ``name`` of folder ``fd`` is shown as: ``NAME.tar`` as
+        ``NAME`` when it is shown as a folder (``strip_tar_extension``) and no ``NAME`` exists."""
+        shown = stripped_tar_name(name)
+        if shown == name or not self._shown_as_folder(fd, name, relative, st):
+            return name
+        try:
+            os.stat(shown, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return shown
+        except OSError:
+            pass
+        return name
 
     def _done(self, resolved: _Resolved) -> None:
         if resolved.parent != self._fd:
@@ -209,11 +263,14 @@ class DirectorySource(MountSource):
             if current.source is not None or current.failed:
                 return current.source
             source = self._open_archive(relative)
+            shown = relative
+            if self._strip and source is not None:  # (the path by_ino gives its members)
+                shown = relative[: -len(name)] + self._stripped(parent, name, relative, st)
             with self._lock:
                 if self._archives.get(relative) is current:
                     self._archives[relative] = current._replace(source=source, failed=source is None)
                     if source is not None and len(self._slots) < MAX_SLOTS:
-                        self._slots.append((relative, source))
+                        self._slots.append((relative, shown, source))
                         self._bases[id(source)] = len(self._slots) << SLOT_SHIFT
                     self._opening.pop(relative, None)
                     return source
@@ -223,7 +280,7 @@ class DirectorySource(MountSource):
 
     def _archive_at(self, relative: str) -> Optional[MountSource]:
         """The archive at ``relative`` (a path of the folder, resolved afresh), opened if need be."""
-        resolved = self._resolve("/" + relative)
+        resolved = self._resolve("/" + relative, shown=False)
         if resolved is None or resolved.archive is not None:
             return None
         try:
@@ -331,7 +388,7 @@ class DirectorySource(MountSource):
         slot = (ino >> SLOT_SHIFT) - 1
         if not 0 <= slot < len(self._slots):
             return None
-        relative, source = self._slots[slot]
+        relative, shown, source = self._slots[slot]
         with self._lock:
             known = self._archives.get(relative)
         if known is None or known.source is not source:
@@ -340,7 +397,7 @@ class DirectorySource(MountSource):
         if found is None:
             return None
         inner, info = found
-        return "/" + relative + (inner if inner != "/" else ""), self._member(relative, source, info, ino & ~INNER_MASK)
+        return "/" + shown + (inner if inner != "/" else ""), self._member(relative, source, info, ino & ~INNER_MASK)
 
     def lookup(self, path: str) -> Optional[FileInfo]:
         if self._generation != forks.generation:
@@ -411,6 +468,17 @@ class DirectorySource(MountSource):
         if self._recursive:  # the indexes of the archives shown as folders are ours, not the folder's
             shown = {name for name, info in result if isinstance(info.locator, ArchiveLocator)}
             result = [(n, i) for n, i in result if not (n.endswith(INDEX_SUFFIX) and n[: -len(INDEX_SUFFIX)] in shown)]
+        if self._strip:  # NAME.tar shown as NAME where no NAME exists
+            names = {name for name, _ in result}
+            result = [
+                (
+                    stripped_tar_name(n)
+                    if isinstance(i.locator, ArchiveLocator) and stripped_tar_name(n) not in names
+                    else n,
+                    i,
+                )
+                for n, i in result
+            ]
         return result
 
     def list_stat_rows(self, path: str) -> Optional[List[StatRow]]:
@@ -444,7 +512,7 @@ class DirectorySource(MountSource):
     def _open_folder(self, relative: str) -> Optional[int]:
         if not relative:
             return self._fd
-        resolved = self._resolve("/" + relative)
+        resolved = self._resolve("/" + relative, shown=False)
         if resolved is None or resolved.archive is not None:
             return None
         try:
@@ -456,9 +524,9 @@ class DirectorySource(MountSource):
 
     @staticmethod
     def _inner_path(path: str, archive_relative: str) -> str:
-        """``/a/b.tar/x/y`` with the archive at ``a/b.tar`` -> ``/x/y``."""
-        rest = path.strip("/")[len(archive_relative) :]
-        return "/" + rest.strip("/")
+        """``/a/b.tar/x/y`` (or ``/a/b/x/y``, shown without ``.tar``) with the archive at
+        ``a/b.tar`` -> ``/x/y``."""
+        return "/" + "/".join(path.strip("/").split("/")[archive_relative.count("/") + 1 :])
 
     def open_info(self, info: FileInfo) -> MemberFile:
         if self._generation != forks.generation:
@@ -469,7 +537,7 @@ class DirectorySource(MountSource):
         if not isinstance(locator, FileLocator) or not locator.relative or not info.is_file:
             # (devices and FIFOs are not opened at all: opening some has effects, a tape rewinds)
             raise NotFoundError(2, "not a regular file of this folder")
-        resolved = self._resolve("/" + locator.relative)
+        resolved = self._resolve("/" + locator.relative, shown=False)
         if resolved is None or resolved.archive is not None:
             raise NotFoundError(2, "No such file or directory", locator.relative)
         try:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 from ..errors import ArchiveError, RatarmountError
-from ..formats import COMPRESSIONS, FormatId, sniff_bytes
+from ..formats import COMPRESSIONS, FormatId, sniff_bytes, stripped_tar_name
 from ..index.sqlite_index import IndexWriter
 from ..io.readers import FileWindow, RandomAccessReader, ReaderStream
 from ..options import CompressionOptions
@@ -92,12 +92,15 @@ class _Context:
     nested: List[str] = field(default_factory=list)
     #: Members shown as folders because they are archives (-r).
     archives: int = 0
+    #: Name the folder of an inner ``NAME.tar`` ``NAME`` (``OpenOptions.strip_tar_extension``).
+    strip: bool = False
 
 
-def _as_folder(record: MemberRecord) -> MemberRecord:
+def _as_folder(record: MemberRecord, strip: bool = False) -> MemberRecord:
     permissions = stat.S_IMODE(record.mode)
     permissions |= (permissions & 0o444) >> 2  # searchable where readable
-    return dataclasses.replace(record, kind=KIND_DIR, mode=stat.S_IFDIR | permissions, size=0)
+    path = stripped_tar_name(record.path) if strip else record.path
+    return dataclasses.replace(record, path=path, kind=KIND_DIR, mode=stat.S_IFDIR | permissions, size=0)
 
 
 def index_tar(
@@ -110,11 +113,13 @@ def index_tar(
     compression: Optional[CompressionOptions] = None,
     fd: Optional[int] = None,
     compressed: Optional[Tuple[int, Callable[[], Optional[int]]]] = None,
+    strip_tar_extension: bool = False,
 ) -> None:
     """Index the tar archive ``reader``; ``fd`` is the descriptor of the file when ``reader`` is
     that file uncompressed (needed to descend into compressed archives inside it).
     ``compressed``: the compressed size and how much of it has been read (None: unknown), for
-    the progress bar of a decompressed stream (whose own size is unknown until its end)."""
+    the progress bar of a decompressed stream (whose own size is unknown until its end).
+    ``strip_tar_extension``: with ``recursive``, an inner ``NAME.tar`` is the folder ``NAME``."""
     bar = Progress(f"Indexing {label}", size, enabled=progress)
     read = None
     if compressed is not None and bar.enabled and compressed[1]() is not None:  # counting starts here
@@ -124,6 +129,7 @@ def index_tar(
         bar.update((read() or 0) if read is not None else position, ctx.count)
 
     ctx = _Context(writer, label, report, recursive, compression or CompressionOptions(), fd)
+    ctx.strip = strip_tar_extension
     try:
         _scan(ctx, reader, size, prefix="", base=0, depth=0, source=0)
     finally:
@@ -161,11 +167,12 @@ def _scan(
         head = reader.pread(record.offset_data - base, min(BLOCK, record.size))
         fmt = sniff_bytes(head)
         if fmt is FormatId.TAR and record.size >= 2 * BLOCK and head != b"\0" * BLOCK:
-            ctx.writer.add(_as_folder(record), source)
+            folder = _as_folder(record, ctx.strip)
+            ctx.writer.add(folder, source)
             ctx.count += 1
             ctx.archives += 1
             inner = WindowReader(reader, record.offset_data - base, record.size)
-            scan = functools.partial(_scan, ctx, inner, record.size, record.path, record.offset_data, depth + 1, source)
+            scan = functools.partial(_scan, ctx, inner, record.size, folder.path, record.offset_data, depth + 1, source)
             _descend(ctx, record, scan)
         elif fmt in COMPRESSIONS:
             _index_compressed_member(ctx, record, fmt, depth, source)
