@@ -40,7 +40,7 @@ def test_page_cache_is_shared_out_among_the_pools(tmp_path: Path, monkeypatch: p
     pools: List[ConnectionPool] = []
     try:
         pools.append(ConnectionPool(str(database(tmp_path / "first.sqlite"))))
-        assert cache_size(pools[0]) == -1024  # alone: PAGE_CACHE_MAX
+        assert cache_size(pools[0]) == -160  # alone, a small index: the floor
         for i in range(40):
             pools.append(ConnectionPool(str(database(tmp_path / f"db{i}.sqlite"))))
         # 41 pools: 4 MiB / 41 is below the 160 KiB SQLite would keep anyway: no cache of its own.
@@ -52,9 +52,20 @@ def test_page_cache_is_shared_out_among_the_pools(tmp_path: Path, monkeypatch: p
     # Closed pools no longer count.
     alone = ConnectionPool(str(tmp_path / "first.sqlite"))
     try:
-        assert cache_size(alone) == -1024
+        assert cache_size(alone) == -160
     finally:
         alone.close()
+
+
+def test_page_cache_follows_the_size_of_the_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A share of the index (its interior pages with room to spare), between the floor and the
+    maximum, never beyond the process's budget."""
+    monkeypatch.setattr(pool_module, "_LIVE", weakref.WeakSet())
+    assert pool_module.cache_size_pragma(16 << 20) == "PRAGMA cache_size=-256"
+    assert pool_module.cache_size_pragma(1 << 30) == "PRAGMA cache_size=-1024"
+    assert pool_module.cache_size_pragma(4096) == "PRAGMA cache_size=-160"
+    monkeypatch.setattr(pool_module, "PAGE_CACHE_BUDGET", 200 << 10)
+    assert pool_module.cache_size_pragma(1 << 30) == "PRAGMA cache_size=-200"
 
 
 def test_idle_connections_beyond_the_bound_are_closed_and_reopened(

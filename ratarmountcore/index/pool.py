@@ -67,6 +67,13 @@ MAX_IDLE = 4096
 PAGE_CACHE_BUDGET = 16 << 20
 PAGE_CACHE_MAX = 1 << 20
 PAGE_CACHE_FLOOR = 160 << 10
+#: A connection caches at most 1/``PAGE_CACHE_FRACTION`` of its index (at least the floor): the
+#: pages every lookup passes (the B-trees' interior pages, ~1/400 of them) with room to spare;
+#: the leaves of random lookups are rarely hit again anyway. The 16 MiB index of 100,000 members
+#: gets 256 KiB instead of 1 MiB (peak RSS of a mount after find, stat and 1,000 random reads
+#: 23.2-23.5 -> 22.4-22.5 MiB, the reads as fast: 0.28-0.32 s either way, interleaved); indexes
+#: of 64 MiB and more get the full 1 MiB.
+PAGE_CACHE_FRACTION = 64
 #: Prepared statements Python's sqlite3 keeps per connection (a pool uses about ten).
 CACHED_STATEMENTS = 24
 
@@ -104,9 +111,11 @@ _IDLE = _IdleConnections()
 _LIVE: "weakref.WeakSet[ConnectionPool]" = weakref.WeakSet()
 
 
-def cache_size_pragma() -> str:
-    """The page cache a new connection gets: its share of the budget."""
-    share = min(PAGE_CACHE_MAX, PAGE_CACHE_BUDGET // max(1, len(_LIVE)))
+def cache_size_pragma(index_size: int) -> str:
+    """The page cache a new connection to an index of ``index_size`` bytes gets: its share of
+    the budget, at most what that index needs."""
+    need = max(PAGE_CACHE_FLOOR, index_size // PAGE_CACHE_FRACTION)
+    share = min(PAGE_CACHE_MAX, need, PAGE_CACHE_BUDGET // max(1, len(_LIVE)))
     return f"PRAGMA cache_size=-{share // 1024}" if share >= PAGE_CACHE_FLOOR else "PRAGMA cache_size=0"
 
 
@@ -151,10 +160,10 @@ class ConnectionPool:
             self._gone("cannot be opened again")
             return None
         try:
-            conn.execute(cache_size_pragma())
             conn.execute("PRAGMA query_only=1")
             conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # the file is open now
             st = os.stat(self.path)
+            conn.execute(cache_size_pragma(st.st_size))
         except (sqlite3.Error, OSError):
             conn.close()
             if self._identity is None:
