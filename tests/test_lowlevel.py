@@ -219,24 +219,34 @@ def test_forget_multi_glue_hands_the_pairs_over(ops: LowLevelOperations) -> None
     assert glue.lib.replies == ["none", "none"]
 
 
-def test_union_sources_use_the_table(tmp_path: Path) -> None:
+def test_union_entries_are_named_by_their_union_inode_numbers(tmp_path: Path) -> None:
+    """A union numbers its entries (source above the entry's own number), finds them again by
+    number, and lists from the sources' plain rows: no table ids. An entry hidden by a later
+    source's is not found by its number."""
     first = make_tar(tmp_path / "first.tar")
     with tarfile.open(tmp_path / "second.tar", "w") as tar:
-        info = tarfile.TarInfo("top")
-        info.size = 6
-        tar.addfile(info, io.BytesIO(b"second"))
+        for name, data in {"top": b"second", "b/extra": b"x"}.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with ratarmountcore.open(str(first)) as alone:
+        hidden = alone.info("/top").ino
     with ratarmountcore.open([str(first), str(tmp_path / "second.tar")]) as source:
         ops = LowLevelOperations(source)
         node, attrs = lookup(ops, ROOT_ID, b"top")
-        assert node > ROOT_ID and attrs["size"] == 6 and len(ops.nodes) == 2
-        assert lookup(ops, ROOT_ID, b"top")[0] == node  # the same id, two references
+        assert 1 < node < STABLE_LIMIT and node == attrs["ino"] and attrs["size"] == 6 and len(ops.nodes) == 1
         root = list_all(ops, ROOT_ID, plus=True, size=4096)
-        assert {r[0] for r in root} >= {b"a", b"b", b"top"} and len(ops.nodes) == 1 + len(root) - 2
+        named = {r[0]: r[2] for r in root if r[0] not in (b".", b"..")}
+        assert set(named) == {b"a", b"b", b"sym", b"top"} and named[b"top"] == node
+        assert all(1 < n < STABLE_LIMIT for n in named.values()) and len(ops.nodes) == 1
+        merged = list_all(ops, named[b"b"], plus=True, size=4096)
+        assert sorted(r[0] for r in merged if r[0] not in (b".", b"..")) == [b"extra", b"three"]
+        assert source.by_ino(node) is not None and source.by_ino(node)[0] == "/top"  # type: ignore[index]
+        assert source.by_ino(hidden) is None  # the first archive's "top" lost to the second's
         buffer = bytearray(16)
         assert ops.read(node, 0, 0, memoryview(buffer)) == 6 and buffer[:6] == b"second"
-        ops.forget(node, 3)
-        with pytest.raises(OSError):
-            ops.getattr(node)
+        paged = source.list_stat_rows_after("/", b"a", 2)
+        assert [r[0] for r in paged or []] == [b"b", b"sym"]
 
 
 def test_opens(ops: LowLevelOperations) -> None:

@@ -21,12 +21,14 @@ from ..index.pool import ConnectionPool, read_only_uri
 from ..index.sqlite_index import IMPLICIT, encode, split_path
 from ..io import forks
 from ..io.readers import MemberFile
-from .base import FileInfo, MountSource
+from .base import FileInfo, MountSource, StatRow
 
 logger = logging.getLogger(__name__)
 
 UNION_FORMAT = "2"
+#: An entry's inode number in the union: its source's number above its own (below 2**40).
 INO_SHIFT = 40
+_INNER_MASK = (1 << INO_SHIFT) - 1
 
 
 class UnionLocator(NamedTuple):
@@ -137,8 +139,8 @@ class UnionSource(MountSource):
         rows = self._query("SELECT source FROM entries WHERE parent = ? AND name = ?", split_path(path))
         return int(rows[0][0]) if rows else None
 
-    def _children(self, path: str) -> List[Tuple[bytes, int]]:
-        return self._query("SELECT name, source FROM entries WHERE parent = ?", (encode(path),))
+    def _children(self, path: str, limit: int = -1) -> List[Tuple[bytes, int]]:
+        return self._query("SELECT name, source FROM entries WHERE parent = ? LIMIT ?", (encode(path), limit))
 
     # --- MountSource --------------------------------------------------------------------------
     @property
@@ -171,6 +173,85 @@ class UnionSource(MountSource):
             if info is not None:
                 return self._wrap(number, info)
         return None
+
+    def by_ino(self, ino: int) -> Optional[Tuple[str, FileInfo]]:
+        # ``_wrap``'s numbering: the source above its own inode number. The entry must still be
+        # the union's (the winner of its name; a folder in several sources has the winner's).
+        number = ino >> INO_SHIFT
+        if ino <= 1 or number >= len(self.sources):
+            return None
+        found = self.sources[number].by_ino(ino & _INNER_MASK)
+        if found is None or self._winner(found[0]) != number:
+            return None
+        return found[0], self._wrap(number, found[1])
+
+    def list_stat_rows(self, path: str) -> Optional[List[StatRow]]:
+        return self._stat_rows(path, None, -1)
+
+    def list_stat_rows_after(self, path: str, after: Optional[bytes], limit: int) -> Optional[List[StatRow]]:
+        return self._stat_rows(path, after, limit)
+
+    def _stat_rows(self, path: str, after: Optional[bytes], limit: int) -> Optional[List[StatRow]]:
+        """The folder's rows after ``after`` in name order (``limit`` -1: all): the names and
+        their sources from the union table, each source's rows of its names from its own index
+        (a part at a time, as many as it has names in this part, plus the ones it lost)."""
+        info = self.lookup(path)
+        if info is None or not info.is_dir:
+            return None
+        part = self._query(
+            "SELECT name, source FROM entries WHERE parent = ? AND name > ? ORDER BY name LIMIT ?",
+            (encode(path), after or b"", limit),
+        )
+        if not part:
+            if isinstance(info.locator, UnionLocator) and not self._children(path, 1):  # a .versions folder
+                number = info.locator.source
+                source = self.sources[number]
+                rows = source.list_stat_rows(path) if limit < 0 else source.list_stat_rows_after(path, after, limit)
+                return [self._shift(number, row) for row in rows or []]
+            return []
+        names: Dict[int, List[bytes]] = {}
+        for name, number in part:
+            names.setdefault(number, []).append(name)
+        found: Dict[bytes, StatRow] = {}
+        for number, wanted in names.items():
+            source = self.sources[number]
+            if limit < 0:
+                chunks: Iterable[List[StatRow]] = [source.list_stat_rows(path) or []]
+            else:
+                chunks = self._rows_upto(source, path, after, wanted[-1], len(wanted))
+            left = set(wanted)
+            for rows in chunks:
+                for row in rows:
+                    if row[0] in left:
+                        found[row[0]] = self._shift(number, row)
+                        left.discard(row[0])
+                if not left:
+                    break
+        return [found[name] for name, _ in part if name in found]
+
+    @staticmethod
+    def _rows_upto(
+        source: MountSource, path: str, after: Optional[bytes], last: bytes, count: int
+    ) -> Iterable[List[StatRow]]:
+        """``source``'s rows of folder ``path`` after ``after`` up to name ``last``, in parts."""
+        size = count + 64
+        while True:
+            rows = source.list_stat_rows_after(path, after, size)
+            if not rows:
+                return
+            yield rows
+            if len(rows) < size or rows[-1][0] >= last:
+                return
+            after = rows[-1][0]
+
+    @staticmethod
+    def _shift(number: int, row: StatRow) -> StatRow:
+        ino = row[7]
+        if 1 < ino < 1 << INO_SHIFT:
+            ino |= number << INO_SHIFT
+        else:
+            ino = 0  # none (or one too large to shift: a folder source's member)
+        return (row[0], row[1], row[2], row[3], row[4], row[5], row[6], ino, row[8])
 
     def list_entries(self, path: str) -> Optional[Iterable[Tuple[str, FileInfo]]]:
         info = self.lookup(path)
