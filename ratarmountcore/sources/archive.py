@@ -215,20 +215,27 @@ class ArchiveSource(RenewedAfterFork, MountSource):
             entries = [(_decode(row[2]), row_to_info(row)) for row in rows if row[2]]
         return entries if limit < 0 else entries[:limit]
 
-    def list_stat_rows(self, path: str) -> Optional[List[StatRow]]:
+    def _plain_folder(self, path: str) -> Optional[bool]:
+        """Whether ``path`` is a folder listed from the index's rows (False: a ``PATH.versions``
+        folder, listed as ``list_entries_upto`` does; None: no folder). The root needs no
+        query (a union lists the root of each of its archives)."""
+        if path == "/":
+            return True
         info = self.lookup(path)
         if info is None or not info.is_dir:
             return None
-        if info.ino == 0:  # PATH.versions and the folders in it: see list_entries_upto
-            return super().list_stat_rows(path)
+        return info.ino != 0
+
+    def list_stat_rows(self, path: str) -> Optional[List[StatRow]]:
+        plain = self._plain_folder(path)
+        if not plain:
+            return None if plain is None else super().list_stat_rows(path)
         return _plain_mtimes(self._index.list_stats(encode(path)))
 
     def list_stat_rows_after(self, path: str, after: Optional[bytes], limit: int) -> Optional[List[StatRow]]:
-        info = self.lookup(path)
-        if info is None or not info.is_dir:
-            return None
-        if info.ino == 0:
-            return super().list_stat_rows_after(path, after, limit)
+        plain = self._plain_folder(path)
+        if not plain:
+            return None if plain is None else super().list_stat_rows_after(path, after, limit)
         # (b"" sorts before every name; the archive's own "./" row, named b"", is not listed)
         return _plain_mtimes(self._index.list_stats_after(encode(path), after or b"", limit))
 
