@@ -235,3 +235,40 @@ def test_strip_tar_extension_through_fuse(mounter: Mounter, tmp_path: Path) -> N
         assert f.read() == expected["/train/n0003.tar/n0003_2.JPEG"]
     result = run_ratarmount("--strip-tar-extension", str(tmp_path / "outer.tar"), str(tmp_path / "elsewhere"))
     assert result.returncode != 0 and "works with -r" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_first_entries_of_a_large_union_folder_come_from_the_sources_that_have_them(tmp_path: Path) -> None:
+    """Shards mounted together (one folder of all their files): telling that the folder is large
+    lists only the shards of its first names, not all of them; the parts of a listing by rows
+    agree with the whole listing."""
+    paths: List[str] = []
+    for i in range(50):
+        path = tmp_path / f"shard{i:02}.tar"
+        path.write_bytes(tar_bytes({f"{i:02}-{k:02}.jpg": f"{i}/{k}".encode() for k in range(20)}))
+        paths.append(str(path))
+    with ratarmountcore.open(paths) as src:
+        listed = []
+        for number, source in enumerate(src.sources):  # type: ignore[attr-defined]
+            original = source.list_entries
+
+            def counting(path: str, original=original, number=number):  # type: ignore[no-untyped-def]
+                listed.append(number)
+                return original(path)
+
+            source.list_entries = counting  # type: ignore[method-assign]
+        first = src.list_entries_upto("/", 45)
+        expected = sorted(f"{i:02}-{k:02}.jpg" for i in range(3) for k in range(20))[:45]
+        assert [name for name, _ in first or []] == expected
+        assert sorted(listed) == [0, 1, 2]
+        assert all(info.ino >> 40 == int(name[:2]) for name, info in first or [])
+        rows = src.list_stat_rows("/") or []
+        parts: List[bytes] = []
+        after = None
+        while True:
+            part = src.list_stat_rows_after("/", after, 64) or []
+            if not part:
+                break
+            parts += [row[0] for row in part]
+            after = part[-1][0]
+        assert parts == sorted(row[0] for row in rows) and len(parts) == 1000
+        assert {row[7] for row in rows} == {src.info("/" + row[0].decode()).ino for row in rows}

@@ -270,6 +270,32 @@ class UnionSource(MountSource):
                     result.append((name, self._wrap(number, child)))
         return result
 
+    def list_entries_upto(self, path: str, limit: int) -> Optional[List[Tuple[str, FileInfo]]]:
+        """The first ``limit`` names of the folder (name order) with their entries, from the
+        sources that win them: enough to tell that a folder is large without listing it whole
+        (a run of lookups in a union's folder of 100,000 files listed every archive's part of it
+        as ``FileInfo`` objects for that: 1.7 s and 100 MiB for 1,000 random reads)."""
+        if limit < 0:
+            entries = self.list_entries(path)
+            return None if entries is None else list(entries)
+        info = self.lookup(path)
+        if info is None or not info.is_dir:
+            return None
+        part = self._query(
+            "SELECT name, source FROM entries WHERE parent = ? ORDER BY name LIMIT ?", (encode(path), limit)
+        )
+        if not part:
+            return super().list_entries_upto(path, limit)  # empty, or a .versions folder (its source's)
+        wanted: Dict[int, Set[str]] = {}
+        for raw_name, number in part:
+            wanted.setdefault(number, set()).add(raw_name.decode("utf-8", "surrogateescape"))
+        found: Dict[str, FileInfo] = {}
+        for number, names in wanted.items():
+            for name, child in self.sources[number].list_entries(path) or []:
+                if name in names:
+                    found[name] = self._wrap(number, child)
+        return [(n, found[n]) for n in (raw.decode("utf-8", "surrogateescape") for raw, _ in part) if n in found]
+
     def open_info(self, info: FileInfo) -> MemberFile:
         locator = info.locator
         if not isinstance(locator, UnionLocator):
