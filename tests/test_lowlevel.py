@@ -249,6 +249,29 @@ def test_union_entries_are_named_by_their_union_inode_numbers(tmp_path: Path) ->
         assert [r[0] for r in paged or []] == [b"b", b"sym"]
 
 
+def test_union_entries_are_found_by_number_after_the_recent_lookups_are_forgotten(tmp_path: Path) -> None:
+    """Every number a union hands out is found again by ``by_ino`` (a single compressed file
+    among its sources too), or the entry gets none and a table id."""
+    import gzip
+
+    (tmp_path / "notes.txt.gz").write_bytes(gzip.compress(b"plain text " * 100))
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "loose.txt").write_bytes(b"loose")
+    paths = [str(make_tar(tmp_path / "data.tar")), str(tmp_path / "notes.txt.gz"), str(folder)]
+    with ratarmountcore.open(paths) as source:
+        ops = LowLevelOperations(source)
+        nodes = {}
+        for name in (b"notes.txt", b"top", b"loose.txt", b"a"):
+            nodes[name] = parse_entry(ops.lookup(ROOT_ID, name))[0]
+        assert nodes[b"loose.txt"] >= STABLE_LIMIT  # a folder's file: a table id
+        assert all(nodes[n] < STABLE_LIMIT for n in (b"notes.txt", b"top", b"a"))
+        ops._looked_up.clear()  # as when LOOKED_UP_MAX others came between
+        ops._listed_folders.clear()
+        sizes = {name: parse_attr(ops.getattr(node)[16:])["size"] for name, node in nodes.items()}
+        assert sizes == {b"notes.txt": 1100, b"top": 2, b"loose.txt": 5, b"a": 0}
+
+
 def test_opens(ops: LowLevelOperations) -> None:
     one = lookup(ops, lookup(ops, ROOT_ID, b"a")[0], b"one")[0]
     for flags, code in ((os.O_WRONLY, errno.EROFS), (os.O_RDWR, errno.EROFS)):

@@ -119,6 +119,9 @@ class SingleFileSource(RenewedAfterFork, MountSource):
     def list_entries(self, path: str) -> Optional[Iterable[Tuple[str, FileInfo]]]:
         return [(self.name, self._info)] if path == "/" else None
 
+    def by_ino(self, ino: int) -> Optional[Tuple[str, FileInfo]]:
+        return ("/" + self.name, self._info) if ino > 1 and ino == self._info.ino else None
+
     def open_info(self, info: FileInfo) -> MemberFile:
         if info is not self._info and info != self._info:
             raise NotFoundError(2, "not a file of this archive")

@@ -48,6 +48,8 @@ def _identity(source: MountSource) -> str:
 class UnionSource(MountSource):
     def __init__(self, sources: Sequence[MountSource], cache_folder: str = "~/.cache/ratarmount") -> None:
         self.sources = list(sources)
+        #: Per source: whether it finds its entries by inode number (``by_ino``).
+        self._numbered = [type(source).by_ino is not MountSource.by_ino for source in self.sources]
         self._lock = threading.Lock()
         identities = [_identity(s) for s in self.sources]
         digest = sha256(os.fsencode("\n".join([UNION_FORMAT, *identities]))).hexdigest()[:24]  # any file name
@@ -155,8 +157,12 @@ class UnionSource(MountSource):
 
     def _wrap(self, number: int, info: FileInfo) -> FileInfo:
         ino = info.ino if info.ino <= 1 and number == 0 else (number << INO_SHIFT) | info.ino
-        # (a number too large to shift -- a folder source's members -- is left out: 0, none)
-        return info._replace(ino=ino if 0 < info.ino < 1 << INO_SHIFT else 0, locator=UnionLocator(number, info))
+        # Left out (0: none, the front-end names the entry) when the source cannot find the
+        # entry by its number again (``by_ino``), or the number is too large to shift (a folder
+        # source's members).
+        if not (self._numbered[number] and 0 < info.ino < 1 << INO_SHIFT):
+            ino = 0
+        return info._replace(ino=ino, locator=UnionLocator(number, info))
 
     def lookup(self, path: str) -> Optional[FileInfo]:
         if path == "/":
@@ -244,13 +250,13 @@ class UnionSource(MountSource):
                 return
             after = rows[-1][0]
 
-    @staticmethod
-    def _shift(number: int, row: StatRow) -> StatRow:
+    def _shift(self, number: int, row: StatRow) -> StatRow:
+        """``row`` with its inode number as ``_wrap`` gives it."""
         ino = row[7]
-        if 1 < ino < 1 << INO_SHIFT:
+        if self._numbered[number] and 1 < ino < 1 << INO_SHIFT:
             ino |= number << INO_SHIFT
         else:
-            ino = 0  # none (or one too large to shift: a folder source's member)
+            ino = 0
         return (row[0], row[1], row[2], row[3], row[4], row[5], row[6], ino, row[8])
 
     def list_entries(self, path: str) -> Optional[Iterable[Tuple[str, FileInfo]]]:
