@@ -122,6 +122,13 @@ def decode_int(value: "int | bytes") -> int:
     return value if isinstance(value, int) else int(value)
 
 
+def plain_mtimes(rows: List[Tuple[Any, ...]]) -> List[Tuple[Any, ...]]:
+    """Listing rows (``StatRow`` fields) with mtimes beyond 64 bits decoded."""
+    if any(row[3].__class__ is not int for row in rows):
+        rows = [row[:3] + (decode_int(row[3]),) + row[4:] for row in rows]
+    return rows
+
+
 def pack_sparse(extents: Optional[Sequence[Tuple[int, int]]]) -> Optional[bytes]:
     if extents is None:
         return None

@@ -14,7 +14,16 @@ from ..formats import FormatId
 from ..index.builder import open_or_build
 from ..index.fingerprint import archive_stats
 from ..index.folder_rows import FolderRows
-from ..index.sqlite_index import IndexReader, IndexWriter, Row, decode_int, encode, split_path, unpack_sparse
+from ..index.sqlite_index import (
+    IndexReader,
+    IndexWriter,
+    Row,
+    decode_int,
+    encode,
+    plain_mtimes,
+    split_path,
+    unpack_sparse,
+)
 from ..io import forks
 from ..io.readers import MemberFile, PlainFileReader, RandomAccessReader, will_need
 from ..options import CompressionOptions, OpenOptions
@@ -67,13 +76,6 @@ def row_to_info(row: Row) -> FileInfo:
             _new_tuple(ArchiveLocator, (offset, sparse, src)),
         ),
     )
-
-
-def _plain_mtimes(rows: List[Tuple[object, ...]]) -> List[StatRow]:
-    """``rows`` of ``IndexReader.list_stats`` with mtimes beyond 64 bits decoded."""
-    if any(row[3].__class__ is not int for row in rows):
-        rows = [row[:3] + (decode_int(row[3]),) + row[4:] for row in rows]  # type: ignore[arg-type]
-    return rows  # type: ignore[return-value]
 
 
 def _version_info(row: Row) -> FileInfo:
@@ -230,14 +232,14 @@ class ArchiveSource(RenewedAfterFork, MountSource):
         plain = self._plain_folder(path)
         if not plain:
             return None if plain is None else super().list_stat_rows(path)
-        return _plain_mtimes(self._index.list_stats(encode(path)))
+        return plain_mtimes(self._index.list_stats(encode(path)))
 
     def list_stat_rows_after(self, path: str, after: Optional[bytes], limit: int) -> Optional[List[StatRow]]:
         plain = self._plain_folder(path)
         if not plain:
             return None if plain is None else super().list_stat_rows_after(path, after, limit)
         # (b"" sorts before every name; the archive's own "./" row, named b"", is not listed)
-        return _plain_mtimes(self._index.list_stats_after(encode(path), after or b"", limit))
+        return plain_mtimes(self._index.list_stats_after(encode(path), after or b"", limit))
 
     def open_info(self, info: FileInfo) -> MemberFile:
         locator = info.locator
