@@ -321,12 +321,20 @@ def test_a_folder_of_archives_is_listed_without_table_nodes(tmp_path: Path) -> N
         train = parse_entry(ops.lookup(ROOT_ID, b"train"))[0]
         folder = parse_entry(ops.lookup(train, b"n0000.tar"))[0]
         assert train >= STABLE_LIMIT and folder >= STABLE_LIMIT  # the folder's own: table ids
+        calls: List[str] = []
+        for method in ("list_entries", "list_stat_rows", "list_stat_rows_after"):
+            real = getattr(src, method)
+            setattr(src, method, lambda *a, real=real, method=method: calls.append(method) or real(*a))
+        listed = [r[0] for r in list_all(ops, train, plus=True, size=4096)]
+        assert b"n0000.tar" in listed and calls == ["list_entries"]  # the folder's own: listed once
+        calls.clear()
         before = len(ops.nodes)
         records = list_all(ops, folder, plus=True, size=4096)
         members = [r for r in records if r[0] not in (b".", b"..")]
         assert sorted(r[0].decode() for r in members) == sorted(CLASSES["n0000"])
         assert all(1 < r[2] < STABLE_LIMIT and r[2] == r[3]["ino"] for r in members)
         assert len(ops.nodes) == before  # no table ids handed out for the members
+        assert calls == ["list_stat_rows_after"]  # an archive's folder: from its rows
         node = members[0][2]
         handle = struct.unpack("=QII", ops.open(node, os.O_RDONLY))[0]
         buffer = bytearray(4096)

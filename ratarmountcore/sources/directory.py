@@ -381,6 +381,9 @@ class DirectorySource(MountSource):
             ),
         )  # fmt: skip
 
+    def lists_by_number(self, folder: FileInfo) -> bool:
+        return isinstance(folder.locator, (MemberLocator, ArchiveLocator))  # not the folder's own
+
     def _base(self, source: MountSource) -> int:
         return self._bases.get(id(source), 0)
 

@@ -63,6 +63,7 @@ class UnionSource(MountSource):
         self.sources = list(sources)
         #: Per source: whether it finds its entries by inode number (``by_ino``).
         self._numbered = [type(source).by_ino is not MountSource.by_ino for source in self.sources]
+        self._all_numbered = all(self._numbered) and all(source.is_immutable for source in self.sources)
         self._lock = threading.Lock()
         identities = [_identity(s) for s in self.sources]
         digest = sha256(os.fsencode("\n".join([UNION_FORMAT, *identities]))).hexdigest()[:24]  # any file name
@@ -216,6 +217,9 @@ class UnionSource(MountSource):
         if found is None or self._winner(found[0]) != number:
             return None
         return found[0], self._wrap(number, found[1])
+
+    def lists_by_number(self, folder: FileInfo) -> bool:
+        return self._all_numbered  # (a folder among the sources: its entries have no numbers)
 
     def list_stat_rows(self, path: str) -> Optional[List[StatRow]]:
         return self._stat_rows(path, None, -1)
