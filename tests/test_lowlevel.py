@@ -107,6 +107,19 @@ def list_all(ops: LowLevelOperations, node: int, plus: bool, size: int) -> List[
     return records
 
 
+def recorded_lookups(source: ratarmountcore.MountSource) -> List[str]:
+    """The paths ``source.lookup`` is asked for from now on."""
+    asked: List[str] = []
+    real = source.lookup
+
+    def counting(path: str):  # type: ignore[no-untyped-def]
+        asked.append(path)
+        return real(path)
+
+    source.lookup = counting  # type: ignore[method-assign]
+    return asked
+
+
 def lookup(ops: LowLevelOperations, parent: int, name: bytes) -> Tuple[int, Dict[str, int]]:
     node, timeout, attrs = parse_entry(ops.lookup(parent, name))
     assert timeout == TIMEOUT
@@ -380,14 +393,7 @@ def test_a_folder_source_resolves_an_archive_member_once_per_lookup(tmp_path: Pa
     with ratarmountcore.open(str(folder), options=ratarmountcore.OpenOptions(recursive=True)) as source:
         ops = LowLevelOperations(source)
         ops.init(no_open_supported=False)
-        looked_up: List[str] = []
-        real = source.lookup
-
-        def counting(path: str):  # type: ignore[no-untyped-def]
-            looked_up.append(path)
-            return real(path)
-
-        source.lookup = counting  # type: ignore[method-assign]
+        looked_up = recorded_lookups(source)
         archive = parse_entry(ops.lookup(ROOT_ID, b"data.tar"))[0]
         a = parse_entry(ops.lookup(archive, b"a"))[0]
         looked_up.clear()
@@ -427,14 +433,7 @@ def test_runs_of_lookups_are_answered_from_whole_folder_replies(
     reference = LowLevelOperations(ratarmountcore.open(str(archive)))
     ops = LowLevelOperations(source)
     ops.init(no_open_supported=False)
-    asked: List[str] = []
-    original = source.lookup
-
-    def counting(path: str):  # type: ignore[no-untyped-def]
-        asked.append(path)
-        return original(path)
-
-    monkeypatch.setattr(source, "lookup", counting)
+    asked = recorded_lookups(source)
     for folder, count in ((b"d", 25), (b"big", 40)):
         folder_node = lookup(ops, ROOT_ID, folder)[0]
         reference_node = lookup(reference, ROOT_ID, folder)[0]

@@ -95,16 +95,21 @@ def make_nested(tmp_path: Path) -> Dict[str, bytes]:
     return expected
 
 
+def read_tree(src: ratarmountcore.MountSource) -> Dict[str, bytes]:
+    """Path -> content of every file of ``src``."""
+    found = {}
+    for folder, _dirs, files in src.walk("/"):
+        for name in files:
+            path = folder.rstrip("/") + "/" + name
+            found[path] = src.read(path)
+    return found
+
+
 def test_recursive_archives_via_api(tmp_path: Path) -> None:
     expected = make_nested(tmp_path)
     options = OpenOptions(recursive=True)
     with ratarmountcore.open(str(tmp_path / "outer.tar"), options) as src:
-        found = {}
-        for folder, _dirs, files in src.walk("/"):
-            for name in files:
-                path = folder.rstrip("/") + "/" + name
-                found[path] = src.read(path)
-        assert found == expected
+        assert read_tree(src) == expected
         assert src.is_dir("/train/n0001.tar")
     index = tmp_path / "outer.tar.index.sqlite"
     built = index.stat().st_mtime_ns
@@ -198,12 +203,7 @@ def test_strip_tar_extension_names_inner_archives_by_class(tmp_path: Path) -> No
     built = index.stat().st_mtime_ns
     options = OpenOptions(recursive=True, strip_tar_extension=True)
     with ratarmountcore.open(str(outer), options) as src:
-        found = {}
-        for folder, _dirs, files in src.walk("/"):
-            for name in files:
-                path = folder.rstrip("/") + "/" + name
-                found[path] = src.read(path)
-        assert found == stripped
+        assert read_tree(src) == stripped
         assert src.listdir("/train") == ["n0000", "n0001", "n0002", "n0003"]
         assert not src.exists("/train/n0001.tar") and src.is_dir("/nested/level1/level2")
     assert index.stat().st_mtime_ns != built  # names differ: rebuilt
