@@ -386,3 +386,21 @@ def test_strip_tar_extension_of_a_mounted_folder(mounter: Mounter, tmp_path: Pat
         for member, data in files.items()
     }
     assert not os.path.exists(mnt / "n0000.tar")
+
+
+def test_many_stale_indexes_of_one_folder_are_reported_once_in_short(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Indexes built without -r and a folder mounted with it: three rebuilds are named, then one
+    line says that the rest are rebuilt as well; every archive is rebuilt and read."""
+    root = tmp_path / "train"
+    root.mkdir()
+    for c in range(8):
+        (root / f"c{c}.tar").write_bytes(tar_bytes({f"c{c}_0.JPEG": f"class {c}".encode()}))
+        ratarmountcore.open(str(root / f"c{c}.tar")).close()  # indexed without -r
+    caplog.set_level("WARNING")
+    with ratarmountcore.open(str(root), OpenOptions(recursive=True)) as src:
+        assert [src.read(f"/c{c}.tar/c{c}_0.JPEG") for c in range(8)] == [f"class {c}".encode() for c in range(8)]
+    named = [r for r in caplog.records if "does not match the archive" in r.getMessage()]
+    summary = [r for r in caplog.records if "More indexes of archives in" in r.getMessage()]
+    assert len(named) == 3 and len(summary) == 1 and str(root) in summary[0].getMessage()

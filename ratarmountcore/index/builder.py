@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-from typing import Callable, Dict, List, Optional
+import threading
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ..errors import IndexNotWritableError, InvalidIndexError, StaleIndexError
 from ..io.descriptors import check_left
@@ -30,7 +31,7 @@ logger = logging.getLogger(__name__)
 BuildFunction = Callable[[IndexWriter], None]
 
 
-def _try_open(path: str, stats: ArchiveStats, build_options: Dict[str, str]) -> Optional[IndexReader]:
+def _try_open(path: str, stats: ArchiveStats, build_options: Dict[str, str], archive: str) -> Optional[IndexReader]:
     # Whose file it is matters only when it cannot be used: a valid index opens with one
     # connection, as before (mount start-up).
     try:
@@ -44,9 +45,32 @@ def _try_open(path: str, stats: ArchiveStats, build_options: Dict[str, str]) -> 
         reader.check_options(build_options)
     except StaleIndexError as exc:
         reader.close()
-        _report_unusable(path, f"Index {path} does not match the archive ({exc}); it will be rebuilt")
+        if _first_of_its_kind(os.path.dirname(os.path.abspath(archive)), str(exc)):
+            _report_unusable(path, f"Index {path} does not match the archive ({exc}); it will be rebuilt")
         return None
     return reader
+
+
+#: Stale indexes of the archives of one folder reported in full per reason: a folder of 1,000
+#: class tars indexed without -r and mounted with it said the same thing 1,000 times.
+REPORTED_PER_REASON = 3
+_reasons: Dict[Tuple[str, str], int] = {}
+_reasons_lock = threading.Lock()
+
+
+def _first_of_its_kind(folder: str, reason: str) -> bool:
+    """Whether a stale index of an archive in ``folder`` is reported for ``reason``; the one after
+    the last reported says that further ones are rebuilt without a word each."""
+    with _reasons_lock:
+        seen = _reasons[folder, reason] = _reasons.get((folder, reason), 0) + 1
+    if seen == REPORTED_PER_REASON + 1:
+        logger.warning(
+            "More indexes of archives in %s do not match them (%s); they are rebuilt without a message each",
+            folder, reason,
+        )  # fmt: skip
+    elif seen > REPORTED_PER_REASON + 1:
+        logger.debug("Another index of an archive in %s does not match it (%s); rebuilding it", folder, reason)
+    return seen <= REPORTED_PER_REASON
 
 
 def _report_unusable(path: str, message: str) -> None:
@@ -69,7 +93,7 @@ def open_or_build(
     if not options.recreate:
         for path in candidates:
             if os.path.isfile(path):
-                reader = _try_open(path, stats, build_options)
+                reader = _try_open(path, stats, build_options, archive_path)
                 if reader is not None:
                     logger.debug("Using index %s", path)
                     return reader
