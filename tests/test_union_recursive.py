@@ -8,6 +8,8 @@ from typing import Dict, List
 
 import pytest
 from conftest import Mounter, run_ratarmount, tar_bytes
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import ratarmountcore
 from ratarmountcore.options import OpenOptions
@@ -274,3 +276,40 @@ def test_the_first_entries_of_a_large_union_folder_come_from_the_sources_that_ha
         for row in rows:  # the union table's attributes are the winner's
             info = src.info("/" + row[0].decode())
             assert row[1:] == (info.mode, info.size, info.mtime_ns, info.uid, info.gid, info.nlink, info.ino, info.rdev)
+
+
+_NAME = st.text(alphabet="abcXYZ019_-.", min_size=1, max_size=12).filter(lambda n: n not in (".", ".."))
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(
+    classes=st.dictionaries(_NAME, st.dictionaries(_NAME, st.binary(max_size=64), min_size=1, max_size=4), max_size=5),
+    loose=st.dictionaries(_NAME, st.binary(max_size=64), max_size=3),
+)
+def test_any_inner_tars_read_back_without_their_extension(
+    tmp_path_factory: pytest.TempPathFactory, classes: Dict[str, Dict[str, bytes]], loose: Dict[str, bytes]
+) -> None:
+    """Generated class tars (any names, also ones ending in .tar themselves) in an outer tar beside
+    loose files: with ``strip_tar_extension`` every member reads back at ``CLASS/MEMBER``, exactly
+    once, and the loose files as they are; where a loose file is also named ``CLASS``, the later
+    of the two is shown (versions of one name)."""
+    folder = tmp_path_factory.mktemp("strip")
+    outer: Dict[str, bytes] = {f"{name}.tar": tar_bytes(files) for name, files in classes.items()}
+    outer.update({name: data for name, data in loose.items() if f"{name}" not in outer})
+    (folder / "outer.tar").write_bytes(tar_bytes(outer))
+    with ratarmountcore.open(str(folder / "outer.tar"), OpenOptions(recursive=True, strip_tar_extension=True)) as src:
+        found = read_tree(src)
+        expected: Dict[str, bytes] = {}
+        for name in outer:  # in archive order: a later member of the same shown name wins
+            if name.endswith(".tar") and name[:-4] in classes:
+                for path in [p for p in expected if p == f"/{name[:-4]}" or p.startswith(f"/{name[:-4]}/")]:
+                    del expected[path]
+                expected.update({f"/{name[:-4]}/{member}": data for member, data in classes[name[:-4]].items()})
+            else:
+                expected = {p: d for p, d in expected.items() if not p.startswith(f"/{name}/")}
+                expected[f"/{name}"] = outer[name]
+        assert found == expected
+        for name in classes:
+            assert not src.exists(f"/{name}.tar") or f"{name}.tar" in loose
