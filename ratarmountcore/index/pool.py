@@ -16,11 +16,12 @@ waiting for an idle one.
 A connection held ~150-250 KiB, most of it SQLite's page cache (16 KiB pages, up to 1 MiB per
 connection): a union of 1,100 archives held 241 MiB after a ``find``, the PyPI release 211 MiB.
 So the page cache is a budget of the process, ``PAGE_CACHE_BUDGET`` split among the pools alive
-when a connection opens (one archive: 1 MiB per connection as before; a share below what SQLite
-keeps anyway is none: a union of 1,000 archives reads its index pages from the kernel's page
-cache). As a backstop, when more than ``MAX_IDLE`` connections are open in the process, opening
-another closes idle ones of the least recently used pools, which open new ones (~0.3 ms: the
-schema is parsed again) when they need them again. That is decided when a connection opens, so
+when a connection opens, and at most what the index needs (``PAGE_CACHE_FRACTION``: one archive
+of 100,000 members gets 256 KiB per connection; a share below what SQLite keeps anyway is none:
+a union of 1,000 archives reads its index pages from the kernel's page cache). As a backstop,
+when more than ``MAX_IDLE`` connections are open in the process, opening another closes idle
+ones of the least recently used pools, which open new ones (~0.3 ms: the schema is parsed again)
+when they need them again. That is decided when a connection opens, so
 a query pays only for a counter. Closing instead of shrinking was measured: with at most 64
 connections for a union of 1,100 archives, 1,000 reads across 1,000 of them took 0.46 s instead
 of 0.13 s.

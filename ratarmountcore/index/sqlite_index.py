@@ -490,10 +490,9 @@ class IndexReader:
             stored = self.metadata.get(key, OPTION_DEFAULTS.get(key))
             if stored == value:
                 continue
-            no_inner = self.metadata.get("layout") == "single_file" or self.metadata.get("inner_archives") == "0"
-            if key == "recursive" and (
-                self.metadata.get("layout") == "single_file" or ((stored, value) == ("1", "0") and no_inner)
-            ):
+            single = self.metadata.get("layout") == "single_file"
+            no_inner = single or self.metadata.get("inner_archives") == "0"
+            if key == "recursive" and (single or ((stored, value) == ("1", "0") and no_inner)):
                 continue  # one compressed file, or no member was an archive: the same rows either way
             if key == "strip_tar_extension" and no_inner:
                 continue  # no archive shown as a folder: no name to strip

@@ -171,10 +171,11 @@ class MountSource(ABC):
         return None
 
     def lists_by_number(self, folder: FileInfo) -> bool:
-        """Whether ``list_stat_rows`` of the folder ``folder`` gives its entries inode numbers
-        (``by_ino`` finds them by): a front-end that names entries by number lists it from those
-        rows, others with ``list_entries`` at once (rather than learning it from the rows)."""
-        return type(self).by_ino is not MountSource.by_ino
+        """Asked of sources that answer ``by_ino``: whether ``list_stat_rows`` of the folder
+        ``folder`` gives its entries inode numbers too. A front-end that names entries by number
+        lists such a folder from those rows, others with ``list_entries`` at once (rather than
+        learning it from the rows)."""
+        return True
 
     def statfs(self) -> Dict[str, int]:
         return {"f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255}

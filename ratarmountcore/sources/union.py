@@ -182,14 +182,16 @@ class UnionSource(MountSource):
             return self.is_immutable  # (the root)
         return self.sources[locator.source].is_immutable_entry(locator.info)
 
+    def _ino(self, number: int, ino: int) -> int:
+        """Source ``number``'s inode number ``ino`` in the union: the source's number above it. Left
+        out (0: none, the front-end names the entry) when the source cannot find the entry by its
+        number again (``by_ino``), or the number is too large to shift (a folder source's members)."""
+        if not (self._numbered[number] and 0 < ino < 1 << INO_SHIFT):
+            return 0
+        return ino if ino <= 1 and number == 0 else (number << INO_SHIFT) | ino
+
     def _wrap(self, number: int, info: FileInfo) -> FileInfo:
-        ino = info.ino if info.ino <= 1 and number == 0 else (number << INO_SHIFT) | info.ino
-        # Left out (0: none, the front-end names the entry) when the source cannot find the
-        # entry by its number again (``by_ino``), or the number is too large to shift (a folder
-        # source's members).
-        if not (self._numbered[number] and 0 < info.ino < 1 << INO_SHIFT):
-            ino = 0
-        return info._replace(ino=ino, locator=UnionLocator(number, info))
+        return info._replace(ino=self._ino(number, info.ino), locator=UnionLocator(number, info))
 
     def lookup(self, path: str) -> Optional[FileInfo]:
         if path == "/":
@@ -243,29 +245,30 @@ class UnionSource(MountSource):
 
     def _shift(self, number: int, row: StatRow) -> StatRow:
         """``row`` with its inode number as ``_wrap`` gives it."""
-        ino = row[7]
-        if self._numbered[number] and 1 < ino < 1 << INO_SHIFT:
-            ino |= number << INO_SHIFT
-        else:
-            ino = 0
-        return (row[0], row[1], row[2], row[3], row[4], row[5], row[6], ino, row[8])
+        return (row[0], row[1], row[2], row[3], row[4], row[5], row[6], self._ino(number, row[7]), row[8])
 
     def list_entries(self, path: str) -> Optional[Iterable[Tuple[str, FileInfo]]]:
         info = self.lookup(path)
         if info is None or not info.is_dir:
             return None
-        wanted: Dict[int, Set[str]] = {}
-        for raw_name, number in self._children(path):
-            wanted.setdefault(number, set()).add(raw_name.decode("utf-8", "surrogateescape"))
-        if not wanted and isinstance(info.locator, UnionLocator):
+        children = self._children(path)
+        if not children and isinstance(info.locator, UnionLocator):
             entries = self.sources[info.locator.source].list_entries(path)  # e.g. a .versions folder
             return None if entries is None else [(n, self._wrap(info.locator.source, i)) for n, i in entries]
-        result: List[Tuple[str, FileInfo]] = []
-        for number, names in wanted.items():
+        return list(self._entries_of(path, children).items())
+
+    def _entries_of(self, path: str, names: List[Tuple[bytes, int]]) -> Dict[str, FileInfo]:
+        """name -> entry of the (raw name, winning source) ``names`` of folder ``path``, from each
+        winner's listing of that folder."""
+        wanted: Dict[int, Set[str]] = {}
+        for raw_name, number in names:
+            wanted.setdefault(number, set()).add(raw_name.decode("utf-8", "surrogateescape"))
+        found: Dict[str, FileInfo] = {}
+        for number, of_source in wanted.items():
             for name, child in self.sources[number].list_entries(path) or []:
-                if name in names:
-                    result.append((name, self._wrap(number, child)))
-        return result
+                if name in of_source:
+                    found[name] = self._wrap(number, child)
+        return found
 
     def list_entries_upto(self, path: str, limit: int) -> Optional[List[Tuple[str, FileInfo]]]:
         """The first ``limit`` names of the folder (name order) with their entries, from the
@@ -283,14 +286,7 @@ class UnionSource(MountSource):
         )
         if not part:
             return super().list_entries_upto(path, limit)  # empty, or a .versions folder (its source's)
-        wanted: Dict[int, Set[str]] = {}
-        for raw_name, number in part:
-            wanted.setdefault(number, set()).add(raw_name.decode("utf-8", "surrogateescape"))
-        found: Dict[str, FileInfo] = {}
-        for number, names in wanted.items():
-            for name, child in self.sources[number].list_entries(path) or []:
-                if name in names:
-                    found[name] = self._wrap(number, child)
+        found = self._entries_of(path, part)
         return [(n, found[n]) for n in (raw.decode("utf-8", "surrogateescape") for raw, _ in part) if n in found]
 
     def open_info(self, info: FileInfo) -> MemberFile:
