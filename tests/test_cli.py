@@ -292,6 +292,11 @@ BAD_INPUTS = {
     "not_a_tar": (lambda p: (p.write_bytes(b"hello world, this is not an archive\n" * 40), p)[1], "not a tar archive"),
     "empty": (lambda p: (p.write_bytes(b""), p)[1], "empty"),
     "truncated": (lambda p: (p.write_bytes(make_tar(p, FILES).read_bytes()[:3000]), p)[1], "ends inside"),
+    "shorter_than_a_header": (lambda p: (p.write_bytes(b"hello\n"), p)[1], "not a tar archive (6 bytes"),
+    "cut_in_first_header": (
+        lambda p: (p.write_bytes(make_tar(p, FILES).read_bytes()[:300]), p)[1],
+        "ends inside a header",
+    ),
     "corrupt_checksum": (corrupt_header, "checksum"),
     "missing": (lambda p: p, "no such file"),
     # (A folder is a source, not bad input: tests/test_directory_source.py.)

@@ -256,6 +256,8 @@ class TarScanner:
             if len(block) < BLOCK:
                 if pos == 0 and not block:
                     raise EmptyArchiveError("file is empty")
+                if pos == 0 and block[257:262] != b"ustar":  # (a cut-off header keeps its magic)
+                    raise UnsupportedFormatError(f"not a tar archive ({len(block)} bytes, shorter than one tar header)")
                 if block:
                     raise TruncatedArchiveError(f"archive ends inside a header at offset {pos}")
                 # EOF exactly at a header boundary: accept as the end, unless data is missing.
