@@ -16,7 +16,6 @@ import threading
 import uuid
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
-from ..digest import sha256
 from ..index.pool import ConnectionPool, read_only_uri
 from ..index.sqlite_index import (
     _INT64_MAX,
@@ -29,11 +28,12 @@ from ..index.sqlite_index import (
 )
 from ..io import forks
 from ..io.readers import MemberFile
+from . import union_cache
 from .base import FileInfo, MountSource, StatRow
 
 logger = logging.getLogger(__name__)
 
-UNION_FORMAT = "3"
+UNION_FORMAT = "4"
 #: A folder's rows from the union table (``StatRow`` fields) after a name, in name order.
 _STAT_ROWS_SQL = (
     "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev FROM entries "
@@ -66,16 +66,21 @@ class UnionSource(MountSource):
         self._all_numbered = all(self._numbered) and all(source.is_immutable for source in self.sources)
         self._lock = threading.Lock()
         identities = [_identity(s) for s in self.sources]
-        digest = sha256(os.fsencode("\n".join([UNION_FORMAT, *identities]))).hexdigest()[:24]  # any file name
+        self._identities = identities
         persistent = all(i.startswith("index:") for i in identities)
         folder = os.path.expanduser(cache_folder)
-        self.table_path = os.path.join(folder, f"union-{digest}.sqlite") if persistent else ":memory:"
-        if self.table_path != ":memory:" and not os.path.exists(self.table_path):
-            try:
-                self._build()
-            except OSError as exc:
-                logger.warning("Cannot cache the union table in %s (%s); keeping it in memory", folder, exc)
-                self.table_path = ":memory:"
+        self.table_path = union_cache.table_path(folder, UNION_FORMAT, identities) if persistent else ":memory:"
+        if self.table_path != ":memory:":
+            if os.path.exists(self.table_path):
+                union_cache.mark_used(self.table_path)
+            else:
+                try:
+                    self._build()
+                except OSError as exc:
+                    logger.warning("Cannot cache the union table in %s (%s); keeping it in memory", folder, exc)
+                    self.table_path = ":memory:"
+                else:
+                    union_cache.sweep(folder, self.table_path, UNION_FORMAT)
         if self.table_path == ":memory:":
             self._build()
         self._pool = ConnectionPool(self.table_path) if self.table_path != ":memory:" else None
@@ -107,6 +112,7 @@ class UnionSource(MountSource):
             conn = sqlite3.connect(temp, isolation_level=None)
             conn.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;")
             self._fill(conn)  # one statement (and transaction) per source: DETACH needs none open
+            union_cache.record(conn, UNION_FORMAT, self._identities)
             conn.close()
             os.replace(temp, self.table_path)
         except BaseException:

@@ -1,0 +1,133 @@
+"""The folder of cached union tables: one table per set of sources, and removing the ones that
+nothing can use any more.
+
+A union table is named by a digest of its sources' identities (each source's index path, size and
+mtime), so it is found again by the next mount of the same sources and never served for changed
+ones. The flip side: whenever a source is re-indexed (a shard appended to, a dataset refreshed)
+the next mount writes a new table and the old one stays, and a home folder on an HPC system has
+a small quota (a table of 1,000,000 entries is ~150 MB). So each table records the identities it
+was built from (``metadata``), its modification time is refreshed whenever a mount opens it, and
+building a table sweeps the folder:
+
+* a table whose recorded sources no longer match (an index gone, re-written or of another size;
+  or a table without the record, written by an older version) is removed once it has not been
+  opened for ``STALE_AFTER_S``: a mount opened in the last day keeps its table, and is the
+  only reader that could still be using it;
+* a table not opened for ``UNUSED_AFTER_S`` is removed whatever it holds (rebuilding it takes
+  seconds: the sources' indexes hold everything it is made of);
+* a build that was interrupted (``union-*.sqlite.tmp-*``) is removed after ``STALE_AFTER_S``.
+
+Indexes of single archives are never removed here: they cost a full pass over the archive to
+rebuild, and an archive that looks gone may only be on a file system that is not mounted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sqlite3
+import time
+from typing import List, Optional, Sequence
+
+from ..digest import sha256
+from ..index.pool import read_only_uri
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "union-"
+SUFFIX = ".sqlite"
+#: Names of tables and of interrupted builds (the cache folder holds archives' indexes too, which
+#: may be named "union-..." after their archive as well).
+_TABLE = re.compile(r"union-[0-9a-f]{24}\.sqlite")
+_BUILD = re.compile(r"union-[0-9a-f]{24}\.sqlite\.tmp-[0-9a-f]{12}")
+#: A stale table (or an interrupted build) is removed once it was not opened for this long.
+STALE_AFTER_S = 24 * 3600
+#: Any table is removed once it was not opened for this long.
+UNUSED_AFTER_S = 90 * 24 * 3600
+
+
+def table_path(folder: str, table_format: str, identities: Sequence[str]) -> str:
+    """The cached table for sources with these identities (see ``union._identity``)."""
+    digest = sha256(os.fsencode("\n".join([table_format, *identities]))).hexdigest()[:24]  # any file name
+    return os.path.join(folder, f"{PREFIX}{digest}{SUFFIX}")
+
+
+def record(conn: sqlite3.Connection, table_format: str, identities: Sequence[str]) -> None:
+    """Write into the table being built what it was built from (read by ``sweep``)."""
+    conn.execute("CREATE TABLE metadata (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    conn.executemany(
+        "INSERT INTO metadata VALUES (?, ?)",
+        [("format", table_format), ("sources", json.dumps(list(identities)))],
+    )
+
+
+def mark_used(path: str) -> None:
+    """A mount opened the table: it is in use (a hint; a table in a folder we may not write is
+    left as it is)."""
+    try:
+        os.utime(path)
+    except OSError as exc:
+        logger.debug("Cannot mark %s as used: %s", path, exc)
+
+
+def _matches(identity: str) -> bool:
+    """Whether a recorded source identity still holds (``index:PATH:SIZE:MTIME_NS``)."""
+    kind, _, rest = identity.partition(":")
+    if kind != "index":
+        return False  # (tables of sources without an index are never written to disk)
+    path, size, mtime_ns = rest.rsplit(":", 2)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return f"{st.st_size}:{st.st_mtime_ns}" == f"{size}:{mtime_ns}"
+
+
+def _is_stale(path: str, table_format: str) -> bool:
+    try:
+        conn = sqlite3.connect(read_only_uri(path), uri=True)
+        try:
+            rows = dict(conn.execute("SELECT key, value FROM metadata").fetchall())
+        finally:
+            conn.close()
+        identities = json.loads(rows["sources"])
+    except (sqlite3.Error, KeyError, ValueError, TypeError):
+        return True  # no record of its sources: an older version's, or not a table at all
+    return rows.get("format") != table_format or not all(_matches(i) for i in identities)
+
+
+def sweep(folder: str, keep: str, table_format: str, now: Optional[float] = None) -> List[str]:
+    """Remove the tables of ``folder`` (other than ``keep``) that nothing can use any more; the
+    names removed."""
+    now = time.time() if now is None else now
+    removed: List[str] = []
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return removed
+    for name in names:
+        table = _TABLE.fullmatch(name) is not None
+        if not table and _BUILD.fullmatch(name) is None:
+            continue
+        path = os.path.join(folder, name)
+        if path == keep:
+            continue
+        try:
+            idle = now - os.stat(path).st_mtime
+        except OSError:
+            continue
+        if table:
+            remove = idle > UNUSED_AFTER_S or (idle > STALE_AFTER_S and _is_stale(path, table_format))
+        else:
+            remove = idle > STALE_AFTER_S
+        if remove:
+            try:
+                os.unlink(path)
+                removed.append(name)
+            except OSError as exc:
+                logger.debug("Cannot remove the unused union table %s: %s", path, exc)
+    if removed:
+        logger.info("Removed %d union table(s) from %s that no mount can use any more", len(removed), folder)
+    return removed
