@@ -403,6 +403,28 @@ def test_single_compressed_file_is_mounted_as_one_file(
             assert f.read(1000) == content[len(content) // 2 : len(content) // 2 + 1000]
 
 
+def test_bzip2_decoders_together_use_no_more_threads_than_cores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rapidgzip's parallel bzip2 decoder speculates on its other threads: two of them on two
+    cores thrashed, so readers at once share one decoder of all cores."""
+    import ratarmountcore.compression.pooled as pooled
+
+    monkeypatch.setattr(pooled.os, "cpu_count", lambda: 2)
+    rng = random.Random(7)
+    content = b"".join(b"%d %s\n" % (i, rng.randbytes(20).hex().encode()) for i in range(40_000))
+    path = tmp_path / "x.bz2"
+    path.write_bytes(bz2.compress(content, 1))  # blocks of 100 kB: many seek points
+    with open_compressed(
+        str(path), PlainFileReader(str(path)), FormatId.BZIP2, CompressionOptions(parallelization=2)
+    ) as reader:
+        offsets = [rng.randrange(len(content) - 5000) for _ in range(64)]
+        with ThreadPoolExecutor(4) as pool:
+            found = list(pool.map(lambda o: reader.pread(o, 5000), offsets))
+        assert found == [content[o : o + 5000] for o in offsets]
+        assert reader.stats.decoders_created == 1
+
+
 def test_reader_stream_learns_size_from_reader(tmp_path: Path) -> None:
     path = tmp_path / "x.gz"
     path.write_bytes(gzip.compress(b"abc" * 100_000))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import weakref
 from abc import abstractmethod
@@ -60,6 +61,10 @@ forks.in_child(_forget_open_in_child)
 class PooledReader(CompressedReader):
     #: Upper bound of decoders alive at once (each may run its own worker threads).
     max_instances: ClassVar[int] = 4
+    #: Whether the decoders' threads together must not outnumber the cores (fewer decoders when
+    #: each runs one thread per core): for libraries whose parallel decoder works on speculation
+    #: that two of them at once turn into thrashing (see ``bzip2.py``).
+    threads_within_cores: ClassVar[bool] = False
     #: Finish (fully decompress and verify) the first decoder as soon as it is created, before any
     #: read (for libraries that only verify checksums while building their complete index).
     finish_on_create: ClassVar[bool] = False
@@ -94,6 +99,8 @@ class PooledReader(CompressedReader):
         self._reads: Optional[Callable[[], int]] = None
         count = min(self.max_instances, max(1, options.threads()))
         threads = options.threads()
+        if self.threads_within_cores:
+            count = max(1, min(count, (os.cpu_count() or 1) // threads))
         if options.parallelization <= 0:
             threads *= self.default_oversubscription
         #: Threads of a decoder that scans the stream before the seek points are known (the
