@@ -123,3 +123,17 @@ def test_sweep_of_a_folder_it_may_not_change_removes_nothing_and_fails_nothing(t
     finally:
         folder.chmod(0o755)
     assert union_cache.sweep(str(tmp_path / "missing"), "", "4") == []
+
+
+@pytest.mark.parametrize("sources", ['["index:no-size-or-mtime"]', "[1]", "not json", '["object:1"]'])
+def test_a_table_whose_record_cannot_be_read_counts_as_stale(tmp_path: Path, sources: str) -> None:
+    import sqlite3
+
+    path = tmp_path / ("union-" + "5" * 24 + ".sqlite")
+    conn = sqlite3.connect(path)
+    union_cache.record(conn, "4", [])
+    conn.execute("UPDATE metadata SET value = ? WHERE key = 'sources'", (sources,))
+    conn.commit()
+    conn.close()
+    age(path, 2)
+    assert union_cache.sweep(str(tmp_path), "", "4") == [path.name]

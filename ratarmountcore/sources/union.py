@@ -49,15 +49,6 @@ class UnionLocator(NamedTuple):
     info: FileInfo
 
 
-def _identity(source: MountSource) -> str:
-    """A string that changes whenever the source's content may have changed."""
-    index_path = getattr(source, "index_path", None)
-    if index_path:
-        st = os.stat(index_path)
-        return f"index:{os.path.abspath(index_path)}:{st.st_size}:{st.st_mtime_ns}"
-    return f"object:{id(source)}"
-
-
 class UnionSource(MountSource):
     def __init__(self, sources: Sequence[MountSource], cache_folder: str = "~/.cache/ratarmount") -> None:
         self.sources = list(sources)
@@ -65,9 +56,9 @@ class UnionSource(MountSource):
         self._numbered = [type(source).by_ino is not MountSource.by_ino for source in self.sources]
         self._all_numbered = all(self._numbered) and all(source.is_immutable for source in self.sources)
         self._lock = threading.Lock()
-        identities = [_identity(s) for s in self.sources]
+        identities = [union_cache.identity(s) for s in self.sources]
         self._identities = identities
-        persistent = all(i.startswith("index:") for i in identities)
+        persistent = all(union_cache.is_persistent(i) for i in identities)
         folder = os.path.expanduser(cache_folder)
         self.table_path = union_cache.table_path(folder, UNION_FORMAT, identities) if persistent else ":memory:"
         if self.table_path != ":memory:":

@@ -33,6 +33,7 @@ from typing import List, Optional, Sequence
 
 from ..digest import sha256
 from ..index.pool import read_only_uri
+from .base import MountSource
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +49,36 @@ STALE_AFTER_S = 24 * 3600
 UNUSED_AFTER_S = 90 * 24 * 3600
 
 
+def identity(source: MountSource) -> str:
+    """A string that changes whenever the source's content may have changed: its index's path,
+    size and mtime (``index:PATH:SIZE:MTIME_NS``), or the object's (a table of sources without
+    an index is kept in memory only)."""
+    index_path = getattr(source, "index_path", None)
+    if index_path:
+        st = os.stat(index_path)
+        return f"index:{os.path.abspath(index_path)}:{st.st_size}:{st.st_mtime_ns}"
+    return f"object:{id(source)}"
+
+
+def is_persistent(source_identity: str) -> bool:
+    """Whether a table of sources with this identity may be cached on disk."""
+    return source_identity.startswith("index:")
+
+
+def _matches(source_identity: str) -> bool:
+    """Whether a recorded source identity still holds."""
+    if not is_persistent(source_identity):
+        return False
+    path, size, mtime_ns = source_identity[len("index:") :].rsplit(":", 2)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return f"{st.st_size}:{st.st_mtime_ns}" == f"{size}:{mtime_ns}"
+
+
 def table_path(folder: str, table_format: str, identities: Sequence[str]) -> str:
-    """The cached table for sources with these identities (see ``union._identity``)."""
+    """The cached table for sources with these identities."""
     digest = sha256(os.fsencode("\n".join([table_format, *identities]))).hexdigest()[:24]  # any file name
     return os.path.join(folder, f"{PREFIX}{digest}{SUFFIX}")
 
@@ -72,19 +101,6 @@ def mark_used(path: str) -> None:
         logger.debug("Cannot mark %s as used: %s", path, exc)
 
 
-def _matches(identity: str) -> bool:
-    """Whether a recorded source identity still holds (``index:PATH:SIZE:MTIME_NS``)."""
-    kind, _, rest = identity.partition(":")
-    if kind != "index":
-        return False  # (tables of sources without an index are never written to disk)
-    path, size, mtime_ns = rest.rsplit(":", 2)
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    return f"{st.st_size}:{st.st_mtime_ns}" == f"{size}:{mtime_ns}"
-
-
 def _is_stale(path: str, table_format: str) -> bool:
     try:
         conn = sqlite3.connect(read_only_uri(path), uri=True)
@@ -92,10 +108,9 @@ def _is_stale(path: str, table_format: str) -> bool:
             rows = dict(conn.execute("SELECT key, value FROM metadata").fetchall())
         finally:
             conn.close()
-        identities = json.loads(rows["sources"])
-    except (sqlite3.Error, KeyError, ValueError, TypeError):
-        return True  # no record of its sources: an older version's, or not a table at all
-    return rows.get("format") != table_format or not all(_matches(i) for i in identities)
+        return rows.get("format") != table_format or not all(_matches(i) for i in json.loads(rows["sources"]))
+    except (sqlite3.Error, KeyError, ValueError, TypeError, AttributeError):
+        return True  # no (readable) record of its sources: an older version's, or not a table
 
 
 def sweep(folder: str, keep: str, table_format: str, now: Optional[float] = None) -> List[str]:
