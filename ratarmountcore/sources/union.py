@@ -13,7 +13,6 @@ import logging
 import os
 import sqlite3
 import threading
-import uuid
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from ..index.pool import ConnectionPool, read_only_uri
@@ -98,7 +97,7 @@ class UnionSource(MountSource):
             self._memory = conn
             return
         os.makedirs(os.path.dirname(self.table_path), exist_ok=True)
-        temp = f"{self.table_path}.tmp-{uuid.uuid4().hex[:12]}"
+        temp = union_cache.build_path(self.table_path)
         try:
             conn = sqlite3.connect(temp, isolation_level=None)
             conn.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;")

@@ -29,6 +29,7 @@ import os
 import re
 import sqlite3
 import time
+import uuid
 from typing import List, Optional, Sequence
 
 from ..digest import sha256
@@ -41,8 +42,8 @@ PREFIX = "union-"
 SUFFIX = ".sqlite"
 #: Names of tables and of interrupted builds (the cache folder holds archives' indexes too, which
 #: may be named "union-..." after their archive as well).
-_TABLE = re.compile(r"union-[0-9a-f]{24}\.sqlite")
-_BUILD = re.compile(r"union-[0-9a-f]{24}\.sqlite\.tmp-[0-9a-f]{12}")
+_TABLE = re.compile(re.escape(PREFIX) + "[0-9a-f]{24}" + re.escape(SUFFIX))
+_BUILD = re.compile(_TABLE.pattern + r"\.tmp-[0-9a-f]{12}")
 #: A stale table (or an interrupted build) is removed once it was not opened for this long.
 STALE_AFTER_S = 24 * 3600
 #: Any table is removed once it was not opened for this long.
@@ -81,6 +82,11 @@ def table_path(folder: str, table_format: str, identities: Sequence[str]) -> str
     """The cached table for sources with these identities."""
     digest = sha256(os.fsencode("\n".join([table_format, *identities]))).hexdigest()[:24]  # any file name
     return os.path.join(folder, f"{PREFIX}{digest}{SUFFIX}")
+
+
+def build_path(table: str) -> str:
+    """Where the table ``table`` is written before it is renamed into place (one per build)."""
+    return f"{table}.tmp-{uuid.uuid4().hex[:12]}"
 
 
 def record(conn: sqlite3.Connection, table_format: str, identities: Sequence[str]) -> None:
