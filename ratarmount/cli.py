@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--index-folders",
         help="comma-separated folders to look for and write indexes in; an empty entry means 'beside the "
-        "archive' (default: ',~/.cache/ratarmount')",
+        "archive' (default: ',~/.cache/ratarmount'); union mounts cache their table in the first folder "
+        "named",
     )
     parser.add_argument("--recreate-index", action="store_true", help="rebuild the index even if a valid one exists")
     parser.add_argument(

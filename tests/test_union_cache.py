@@ -137,3 +137,21 @@ def test_a_table_whose_record_cannot_be_read_counts_as_stale(tmp_path: Path, sou
     conn.close()
     age(path, 2)
     assert union_cache.sweep(str(tmp_path), "", "4") == [path.name]
+
+
+def test_the_table_goes_to_the_first_index_folder_named(tmp_path: Path) -> None:
+    from ratarmountcore.options import IndexOptions, OpenOptions
+
+    a, b = tmp_path / "a.tar", tmp_path / "b.tar"
+    a.write_bytes(tar_bytes({"x": b"1"}))
+    b.write_bytes(tar_bytes({"y": b"2"}))
+    scratch = tmp_path / "scratch"
+    options = OpenOptions(index=IndexOptions(index_folders=("", str(scratch))))
+    with ratarmountcore.open([str(a), str(b)], options) as src:
+        assert src.listdir("/") == ["x", "y"]
+    assert len(list(scratch.glob("union-*.sqlite"))) == 1
+    assert tables(tmp_path) == []  # (nothing in ~/.cache/ratarmount)
+    only_beside = OpenOptions(index=IndexOptions(index_folders=("",)))
+    with ratarmountcore.open([str(a), str(b)], only_beside) as src:  # the default folder then
+        assert src.listdir("/") == ["x", "y"]
+    assert len(tables(tmp_path)) == 1

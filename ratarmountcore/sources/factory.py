@@ -26,6 +26,7 @@ def _open(source: Union[str, Sequence[str]], options: OpenOptions) -> MountSourc
     paths = [os.fspath(p) for p in source]
     if len(paths) == 1:
         return _open_one(paths[0], options)
+    from . import union_cache
     from .union import UnionSource
 
     opened = []
@@ -36,7 +37,7 @@ def _open(source: Union[str, Sequence[str]], options: OpenOptions) -> MountSourc
         for src in opened:
             src.close()
         raise
-    return UnionSource(opened)
+    return UnionSource(opened, union_cache.folder_for(options.index))
 
 
 def _open_one(path: str, options: OpenOptions) -> MountSource:

@@ -27,6 +27,7 @@ from ..index.sqlite_index import (
 )
 from ..io import forks
 from ..io.readers import MemberFile
+from ..options import IndexOptions
 from . import union_cache
 from .base import FileInfo, MountSource, StatRow
 
@@ -49,7 +50,9 @@ class UnionLocator(NamedTuple):
 
 
 class UnionSource(MountSource):
-    def __init__(self, sources: Sequence[MountSource], cache_folder: str = "~/.cache/ratarmount") -> None:
+    def __init__(self, sources: Sequence[MountSource], cache_folder: Optional[str] = None) -> None:
+        """``cache_folder``: where the union table is cached (None: ``union_cache.folder_for``
+        the default options)."""
         self.sources = list(sources)
         #: Per source: whether it finds its entries by inode number (``by_ino``).
         self._numbered = [type(source).by_ino is not MountSource.by_ino for source in self.sources]
@@ -58,7 +61,7 @@ class UnionSource(MountSource):
         identities = [union_cache.identity(s) for s in self.sources]
         self._identities = identities
         persistent = all(union_cache.is_persistent(i) for i in identities)
-        folder = os.path.expanduser(cache_folder)
+        folder = os.path.expanduser(cache_folder or union_cache.folder_for(IndexOptions()))
         self.table_path = union_cache.table_path(folder, UNION_FORMAT, identities) if persistent else ":memory:"
         if self.table_path != ":memory:":
             if os.path.exists(self.table_path):

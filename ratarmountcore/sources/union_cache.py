@@ -34,6 +34,7 @@ from typing import List, Optional, Sequence
 
 from ..digest import sha256
 from ..index.pool import read_only_uri
+from ..options import IndexOptions
 from .base import MountSource
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,14 @@ _BUILD = re.compile(_TABLE.pattern + r"\.tmp-[0-9a-f]{12}")
 STALE_AFTER_S = 24 * 3600
 #: Any table is removed once it was not opened for this long.
 UNUSED_AFTER_S = 90 * 24 * 3600
+
+
+def folder_for(options: IndexOptions) -> str:
+    """The folder of union tables: the first index folder that is not "beside the archive" (so
+    ``--index-folders /scratch/idx`` keeps tables out of a small home folder too), else the
+    default's (``~/.cache/ratarmount``)."""
+    named = [f for f in options.index_folders if f] or [f for f in IndexOptions().index_folders if f]
+    return os.path.expanduser(named[0])
 
 
 def identity(source: MountSource) -> str:
