@@ -45,6 +45,8 @@ SUFFIX = ".sqlite"
 #: may be named "union-..." after their archive as well).
 _TABLE = re.compile(re.escape(PREFIX) + "[0-9a-f]{24}" + re.escape(SUFFIX))
 _BUILD = re.compile(_TABLE.pattern + r"\.tmp-[0-9a-f]{12}")
+#: How the identity of a source with an index begins (``index:PATH:SIZE:MTIME_NS``).
+_INDEX = "index:"
 #: A stale table (or an interrupted build) is removed once it was not opened for this long.
 STALE_AFTER_S = 24 * 3600
 #: Any table is removed once it was not opened for this long.
@@ -64,27 +66,28 @@ def identity(source: MountSource) -> str:
     size and mtime (``index:PATH:SIZE:MTIME_NS``), or the object's (a table of sources without
     an index is kept in memory only)."""
     index_path = getattr(source, "index_path", None)
-    if index_path:
-        st = os.stat(index_path)
-        return f"index:{os.path.abspath(index_path)}:{st.st_size}:{st.st_mtime_ns}"
-    return f"object:{id(source)}"
+    return _index_identity(index_path) if index_path else f"object:{id(source)}"
+
+
+def _index_identity(index_path: str) -> str:
+    st = os.stat(index_path)
+    return f"{_INDEX}{os.path.abspath(index_path)}:{st.st_size}:{st.st_mtime_ns}"
 
 
 def is_persistent(source_identity: str) -> bool:
     """Whether a table of sources with this identity may be cached on disk."""
-    return source_identity.startswith("index:")
+    return source_identity.startswith(_INDEX)
 
 
 def _matches(source_identity: str) -> bool:
-    """Whether a recorded source identity still holds."""
+    """Whether a recorded source identity still holds (its index unchanged)."""
     if not is_persistent(source_identity):
         return False
-    path, size, mtime_ns = source_identity[len("index:") :].rsplit(":", 2)
+    path = source_identity[len(_INDEX) :].rsplit(":", 2)[0]
     try:
-        st = os.stat(path)
+        return _index_identity(path) == source_identity
     except OSError:
         return False
-    return f"{st.st_size}:{st.st_mtime_ns}" == f"{size}:{mtime_ns}"
 
 
 def table_path(folder: str, table_format: str, identities: Sequence[str]) -> str:
