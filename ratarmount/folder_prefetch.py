@@ -23,7 +23,7 @@ import logging
 import os
 import queue
 import threading
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -39,20 +39,24 @@ class FolderPrefetcher:
 
     def __init__(self, mountpoint: str) -> None:
         self.mountpoint = mountpoint.rstrip("/")
-        self._queue: "queue.SimpleQueue[Optional[Tuple[str, Optional[threading.Event]]]]" = queue.SimpleQueue()
+        self._queue: "queue.SimpleQueue[Optional[Tuple[str, Optional[threading.Event], int]]]" = queue.SimpleQueue()
+        #: Drops the kernel's cached listing of a folder node (set by the front-end).
+        self.invalidate: Optional[Callable[[int], None]] = None
+        #: The native thread id the kernel sees for our listings (0 before the first).
+        self.thread_id = 0
         self._listed: "collections.OrderedDict[str, None]" = collections.OrderedDict()
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._closed = False
         self.listings = 0
 
-    def request(self, path: str, entries: int, done: Optional[threading.Event] = None) -> bool:
+    def request(self, path: str, entries: int, done: Optional[threading.Event] = None, stale: int = 0) -> bool:
         """A lookup run began in folder ``path`` (of ``entries`` entries): list it unless it is
         too large or was listed already (then False). ``done`` is set once it was listed."""
         if entries > FOLDER_MAX or entries < 2:
             return False
         with self._lock:
-            if self._closed or path in self._listed:
+            if self._closed or (path in self._listed and not stale):
                 return False
             self._listed[path] = None
             if len(self._listed) > REMEMBERED:
@@ -60,16 +64,19 @@ class FolderPrefetcher:
             if self._thread is None:  # started on first use: the daemon forks after we are made
                 self._thread = threading.Thread(target=self._run, name="ratarmount-folder-prefetch", daemon=True)
                 self._thread.start()
-        self._queue.put((path, done))
+        self._queue.put((path, done, stale))
         return True
 
     def _run(self) -> None:
+        self.thread_id = threading.get_native_id()
         while True:
             item = self._queue.get()
             if item is _STOP:
                 return
-            path, done = item
+            path, done, stale = item
             try:
+                if stale and self.invalidate is not None:
+                    self.invalidate(stale)
                 os.listdir(self.mountpoint + path)
                 self.listings += 1
             except OSError as exc:

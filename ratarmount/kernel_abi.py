@@ -109,6 +109,20 @@ def direntplus_of(
     )  # fmt: skip
 
 
+_NAME_ONLY_BY_LENGTH: Dict[int, struct.Struct] = {}
+
+
+def direntplus_name_only(offset: int, name: bytes, ino: int, mode: int) -> bytes:
+    """A READDIRPLUS record with node id 0 and no attributes: the kernel lists the name (with
+    its inode number and type) and links no inode for it; a later ``stat`` looks it up."""
+    length = len(name)
+    packer = _NAME_ONLY_BY_LENGTH.get(length)
+    if packer is None:
+        layout = f"={ENTRY_SIZE}x" + _DIRENT.format[1:] + f"{(length + 7) & ~7}s"
+        packer = _NAME_ONLY_BY_LENGTH[length] = struct.Struct(layout)
+    return packer.pack(ino, offset, length, stat.S_IFMT(mode) >> 12, name)
+
+
 def statfs_out(values: dict) -> bytes:  # type: ignore[type-arg]
     get = values.get
     return _STATFS.pack(

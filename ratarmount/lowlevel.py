@@ -98,6 +98,12 @@ class ConnInfo(ctypes.Structure):
     ]
 
 
+class Context(ctypes.Structure):
+    """``struct fuse_ctx``: who made a request."""
+
+    _fields_ = [("uid", ctypes.c_uint32), ("gid", ctypes.c_uint32), ("pid", ctypes.c_int32), ("umask", ctypes.c_uint32)]
+
+
 class ForgetData(ctypes.Structure):
     _fields_ = [("ino", ctypes.c_uint64), ("nlookup", ctypes.c_uint64)]
 
@@ -163,7 +169,10 @@ def _load_library() -> Any:
     # into the reader's pages takes long enough for another worker to run meanwhile.
     lib.fuse_reply_buf_released = lib.fuse_reply_buf  # type: ignore[attr-defined]
     lib.fuse_reply_buf_released.argtypes = [fuse_req_t, ctypes.c_void_p, ctypes.c_size_t]
-    for function in ("fuse_reply_buf", "fuse_reply_err", "fuse_reply_none"):
+    replies.fuse_req_ctx.argtypes = [fuse_req_t]
+    replies.fuse_req_ctx.restype = ctypes.POINTER(Context)
+    lib.fuse_lowlevel_notify_inval_inode.argtypes = [ctypes.c_void_p, fuse_ino_t, ctypes.c_int64, ctypes.c_int64]
+    for function in ("fuse_reply_buf", "fuse_reply_err", "fuse_reply_none", "fuse_req_ctx"):
         setattr(lib, function, getattr(replies, function))
     lib.fuse_loop_cfg_create.restype = ctypes.c_void_p
     lib.fuse_loop_cfg_destroy.argtypes = [ctypes.c_void_p]
@@ -256,6 +265,12 @@ class LowLevelFuse:
         if ident not in self._pinned:
             ctypes.pythonapi.PyGILState_Ensure()
             self._pinned.add(ident)
+
+    def _invalidate(self, session: int, node: int) -> None:
+        # Offset 0, length 0: all of the folder's cached listing.
+        result = self.lib.fuse_lowlevel_notify_inval_inode(session, node, 0, 0)
+        if result != 0:
+            logger.debug("invalidating node %d: %s", node, os.strerror(-result))
 
     def _reply(self, req: int, payload: bytes) -> None:
         self.lib.fuse_reply_buf(req, payload, len(payload))
@@ -382,11 +397,15 @@ class LowLevelFuse:
             except BaseException as exc:  # noqa: BLE001
                 fail(req, exc, f"opendir of node {node}")
 
+        prefetcher = ops.prefetcher
+        request_context = lib.fuse_req_ctx
+
         def listing(plus: bool) -> Callable[[int, int, int, int, Any], None]:
             def readdir(req: int, node: int, size: int, offset: int, fi: Any) -> None:
                 pin()
                 try:
-                    reply(req, ops.readdir(node, fi.contents.fh, size, offset, plus))
+                    full = prefetcher is None or request_context(req).contents.pid == prefetcher.thread_id
+                    reply(req, ops.readdir(node, fi.contents.fh, size, offset, plus, full))
                 except BaseException as exc:  # noqa: BLE001
                     fail(req, exc, "readdir")
 
@@ -441,6 +460,8 @@ class LowLevelFuse:
                 if lib.fuse_session_mount(session, os.fsencode(mountpoint)) != 0:
                     raise RatarmountError(f"cannot mount at {mountpoint} (see the message above)")
                 try:
+                    if self.ops.prefetcher is not None:
+                        self.ops.prefetcher.invalidate = lambda node: self._invalidate(session, node)
                     if not self._libfuse_asks_parallel_dirops:
                         self.ops.parallel_dirops = parallel_dirops.negotiate(lib, session)
                     config = lib.fuse_loop_cfg_create()

@@ -143,6 +143,8 @@ class LowLevelOperations:
         #: Node id -> path of the folders named in listings (``find`` lists each one next: its
         #: path by name from the parent's cached rows instead of a query by inode number).
         self._listed_folders: Dict[int, str] = {}
+        #: Folders last listed with names only for their files.
+        self._names_only: Dict[int, None] = {}
         self._negative = abi.entry_out(0, abi.NEGATIVE_ATTR, self._timeout)
 
     def _lookup_ino(self, ino: int) -> Optional[Tuple[str, Entry]]:
@@ -285,7 +287,8 @@ class LowLevelOperations:
                     if not self._waiting:
                         listed = threading.Event()
                         self._waiting[parent] = name
-            if not self.prefetcher.request(path, size, listed) and listed is not None:
+            stale = parent if parent in self._names_only else 0
+            if not self.prefetcher.request(path, size, listed, stale) and listed is not None:
                 with self._waiting_lock:
                     del self._waiting[parent]  # ours: set just above
                 listed = None
@@ -426,10 +429,12 @@ class LowLevelOperations:
         self._listings[handle] = self._make_listing(node)
         return abi.open_out(handle, self._keep_cache | (abi.FOPEN_CACHE_DIR if self._keep_cache else 0))
 
-    def _make_listing(self, node: int) -> Listing:
+    def _make_listing(self, node: int, full: bool = True) -> Listing:
         path, own = self._resolve(node)
         run_folder, run_entries = self._run_entries
-        rows: Optional[List[StatRow]] = None
+        prefix = "/" if path == "/" else path + "/"
+        records: Optional[List[Listed]] = None
+        chunked = False
         if run_folder == node:  # listed for a run of lookups: its rows were just read
             self._run_entries = (0, [])
             entries: Optional[Iterable[Tuple[str, FileInfo]]] = run_entries
@@ -437,21 +442,15 @@ class LowLevelOperations:
             # Every entry named by its own inode number: records straight from plain rows
             # (a folder of 100 files listed in 0.14 instead of 0.31 ms, most of a `find`); a
             # large folder a part at a time (see paged_listing.py).
-            if self._paged:
-                rows = self.source.list_stat_rows_after(path, None, LISTING_CHUNK + 1)
-            else:
-                rows = self.source.list_stat_rows(path)
-            if rows is None:
-                raise _errno(errno.ENOTDIR)
-            if not all(1 < row[7] < STABLE_LIMIT for row in rows):
-                rows = None  # (entries without an inode number of their own: named by the table)
-            entries = () if rows is not None else self.source.list_entries(path)
+            records = self._row_records(path, None, LISTING_CHUNK + 1, 2, node, prefix, full)
+            chunked = self._paged and records is not None and len(records) > LISTING_CHUNK
+            # (None: entries without an inode number of their own, named by the table)
+            entries = () if records is not None else self.source.list_entries(path)
         else:
             entries = self.source.list_entries(path)
         if entries is None:
             raise _errno(errno.ENOTDIR)
         parent = self._entry(path.rsplit("/", 1)[0] or "/") if path != "/" else own
-        prefix = "/" if path == "/" else path + "/"
         timeout = self._timeout
         plus = abi.direntplus
         # READDIRPLUS records are made here when the node id is the entry's own inode number
@@ -462,18 +461,22 @@ class LowLevelOperations:
             (b".", "", own[0], plus(0, own[0], 0, 1, b".", own[0].ino or UNKNOWN_INO)),
             (b"..", "", up, plus(0, up, 0, 2, b"..", up.ino or UNKNOWN_INO)),
         ]
-        if rows is not None:
-            if self._paged and len(rows) > LISTING_CHUNK:
+        if records is not None:
+            if not full:
+                names_only = self._names_only
+                names_only[node] = None
+                if len(names_only) > LISTED_FOLDERS_MAX:
+                    names_only.clear()
+            if chunked:
 
                 def fetch(after: Optional[bytes], index: int) -> List[Listed]:
-                    part = self.source.list_stat_rows_after(path, after, LISTING_CHUNK)
-                    if part is None or not all(1 < row[7] < STABLE_LIMIT for row in part):
+                    part = self._row_records(path, after, LISTING_CHUNK, index, node, prefix, full)
+                    if part is None:
                         raise RatarmountError(f"{path}: the folder's entries changed while it was listed")
-                    return self._records_of_rows(part, index, node, prefix)
+                    return part
 
-                first = self._records_of_rows(rows[:LISTING_CHUNK], 2, node, prefix)
-                return PagedListing(listing, fetch, first, LISTING_CHUNK)
-            listing += self._records_of_rows(rows, 2, node, prefix)
+                return PagedListing(listing, fetch, records[:LISTING_CHUNK], LISTING_CHUNK)
+            listing += records
             return listing
         own_node = self._own_node
         offset = 2
@@ -497,7 +500,37 @@ class LowLevelOperations:
                 listing.append((raw, prefix + name, info, b""))
         return listing
 
-    def _records_of_rows(self, rows: Sequence[StatRow], index: int, node: int, prefix: str) -> List[Listed]:
+    def _row_records(
+        self, path: str, after: Optional[bytes], limit: int, index: int, node: int, prefix: str, full: bool
+    ) -> Optional[List[Listed]]:
+        """The records of folder ``node`` (``path``) from its plain rows: at most ``limit``
+        entries after the name ``after`` (a source listing a part at a time; others list all),
+        the first at position ``index``. None when an entry has no inode number of its own.
+
+        Not ``full`` (a listing for another process than our prefetcher): files get node id 0
+        and no attributes, from a narrower query. A ``find`` then costs the kernel no inode per
+        file and us half the work; a process that stats the files after listing them makes a
+        run of lookups, for which the prefetcher lists the folder again in full (see
+        ``_follow_run``)."""
+        if not self._paged:
+            rows = self.source.list_stat_rows(path)
+        else:
+            if not full:
+                names = self.source.list_name_rows_after(path, after, limit)
+                if names is None:
+                    raise _errno(errno.ENOTDIR)
+                if all(1 < ino < STABLE_LIMIT and not stat.S_ISDIR(mode) for _name, mode, ino in names):
+                    only = abi.direntplus_name_only
+                    numbered = enumerate(names, index + 1)
+                    return [(name, "", None, only(i, name, ino, mode)) for i, (name, mode, ino) in numbered]
+            rows = self.source.list_stat_rows_after(path, after, limit)
+        if rows is None:
+            raise _errno(errno.ENOTDIR)
+        if not all(1 < row[7] < STABLE_LIMIT for row in rows):
+            return None
+        return self._records_of_rows(rows, index, node, prefix, full)
+
+    def _records_of_rows(self, rows: Sequence[StatRow], index: int, node: int, prefix: str, full: bool) -> List[Listed]:
         """The READDIRPLUS records of ``rows`` of folder ``node`` (path ``prefix`` + name), the
         first at position ``index`` of the listing."""
         waiting = self._waiting.get(node)
@@ -510,21 +543,22 @@ class LowLevelOperations:
         offset = index
         for raw, mode, size, mtime_ns, uid, gid, nlink, ino, rdev in rows:
             offset += 1
-            given = 0 if raw == waiting else ino  # (node id 0: the kernel links nothing for it)
+            # (node id 0: the kernel links nothing for it)
+            given = 0 if raw == waiting or not (full or stat.S_ISDIR(mode)) else ino
             record = plus_of(given, timeout, offset, raw, ino, mode, size, mtime_ns, uid, gid, nlink, rdev)
             records.append((raw, "", None, record))
             if stat.S_ISDIR(mode):
                 folders[ino] = prefix + raw.decode(ENCODING, "surrogateescape")
         return records
 
-    def _listing_of(self, node: int, offset: int) -> Listing:
+    def _listing_of(self, node: int, offset: int, full: bool = True) -> Listing:
         """The listing of a folder the kernel reads without having opened it (no OPENDIR): made
         for the first page and kept until the page after the last (the kernel reads until it
         gets an empty one), a few folders at a time."""
         listings = self._node_listings
         listing = None if offset == 0 else listings.get(node)
         if listing is None:
-            listing = self._make_listing(node)
+            listing = self._make_listing(node, full)
             with self._node_listings_lock:
                 listings[node] = listing
                 while len(listings) > NODE_LISTINGS_MAX:
@@ -534,10 +568,10 @@ class LowLevelOperations:
                 listings.pop(node, None)
         return listing
 
-    def readdir(self, node: int, handle: int, size: int, offset: int, plus: bool) -> bytes:
+    def readdir(self, node: int, handle: int, size: int, offset: int, plus: bool, full: bool = True) -> bytes:
         """One page of the listing from entry ``offset`` on, at most ``size`` bytes. With
         ``plus``, entries carry their attributes and a node id the kernel now holds."""
-        found = self._listing_of(node, offset) if handle == 0 else self._listings.get(handle)
+        found = self._listing_of(node, offset, full) if handle == 0 else self._listings.get(handle)
         if found is None:
             raise _errno(errno.EBADF)
         if isinstance(found, PagedListing):  # the part from ``offset`` on, as if from position 0

@@ -12,7 +12,7 @@ import tarfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import pytest
 from conftest import RATARMOUNT, Mounter, lazy_unmount, requires_fuse, run_ratarmount, stderr_on_terminal, tar_bytes
@@ -653,9 +653,10 @@ def test_files_are_read_without_open_and_release_round_trips(tmp_path: Path, arc
 @requires_fuse
 @pytest.mark.parametrize("api", ["low", "high"])
 def test_stat_after_listing_a_large_folder_asks_nothing(tmp_path: Path, api: str) -> None:
-    """Every page of a listing carries the entries' attributes, not only the first one (the
-    kernel's READDIRPLUS auto mode): `ls -l` of an ImageNet-sized folder must not send a LOOKUP
-    per entry beyond the first ~190."""
+    """`ls -l` of an ImageNet-sized folder must not send a LOOKUP per entry: the listing names
+    the files without attributes (see test_find_links_no_inode_per_file), the first lookups
+    make a run, and the folder is listed again with every entry's attributes on every page (not
+    only the first one, as in the kernel's READDIRPLUS auto mode)."""
     names = [f"n{index:05d}_{'x' * 40}.JPEG" for index in range(1500)]  # ~8 pages of 32 KiB
     archive = tmp_path / "large-folder.tar"
     archive.write_bytes(tar_bytes({f"folder/{name}": name.encode() for name in names}))
@@ -667,7 +668,32 @@ def test_stat_after_listing_a_large_folder_asks_nothing(tmp_path: Path, api: str
             assert os.lstat(mnt / "folder" / name).st_size == len(name)
 
     opcodes = _requests_during(tmp_path, archive, list_then_stat, ["--fuse-api", api])
-    assert opcodes.count("READDIRPLUS") >= 2 and opcodes.count("LOOKUP") <= 2, sorted(set(opcodes))
+    assert opcodes.count("READDIRPLUS") >= 2 and opcodes.count("LOOKUP") <= 3, sorted(set(opcodes))
+
+
+@requires_fuse
+def test_find_links_no_inode_per_file(tmp_path: Path) -> None:
+    """A listing names files with their inode numbers and types but without attributes (the
+    kernel links no inode for them: `find` over a million files costs the kernel no million
+    inodes), so the first stat of a listed file is a LOOKUP; folders come with theirs."""
+    names = [f"f{index:03d}" for index in range(50)]
+    archive = tmp_path / "find.tar"
+    archive.write_bytes(tar_bytes({**{f"folder/{name}": name.encode() for name in names}, "folder/sub/x": b"x"}))
+    seen: Dict[str, Tuple[int, bool]] = {}
+
+    def list_then_stat_one(mnt: Path) -> None:
+        os.lstat(mnt / "folder")
+        with os.scandir(mnt / "folder") as entries:
+            for entry in entries:
+                seen[entry.name] = (entry.inode(), entry.is_file(follow_symlinks=False))
+        found = os.lstat(mnt / "folder" / "f007")
+        assert (found.st_ino, found.st_size) == (seen["f007"][0], 4)
+        os.lstat(mnt / "folder" / "sub")
+
+    opcodes = _requests_during(tmp_path, archive, list_then_stat_one)
+    assert sorted(seen) == sorted([*names, "sub"]) and seen["sub"][1] is False
+    assert all(seen[name][1] for name in names)
+    assert opcodes.count("LOOKUP") == 2, opcodes  # the folder, then the file; not the subfolder
 
 
 @requires_fuse

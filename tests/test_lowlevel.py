@@ -210,6 +210,9 @@ class _RecordingLib:
     def fuse_reply_none(self, _req: int) -> None:
         self.replies.append("none")
 
+    def fuse_req_ctx(self, _req: int) -> None:
+        raise AssertionError("not asked for by these callbacks")
+
 
 def test_forget_multi_glue_hands_the_pairs_over(ops: LowLevelOperations) -> None:
     """The FORGET_MULTI callback reads the C array of (node, count) pairs as it is."""
@@ -463,12 +466,13 @@ def test_runs_of_lookups_are_answered_from_whole_folder_replies(
 
 
 def list_by_node(
-    ops: LowLevelOperations, node: int, plus: bool, size: int, offset: int = 0
+    ops: LowLevelOperations, node: int, plus: bool, size: int, offset: int = 0, full: bool = True
 ) -> List[Tuple[bytes, int, int, Dict[str, int]]]:
-    """Like ``list_all`` for a kernel that does not open folders: pages asked by node id."""
+    """Like ``list_all`` for a kernel that does not open folders: pages asked by node id
+    (``full``: as asked by our prefetcher, else by any other process)."""
     records = []
     while True:
-        page = ops.readdir(node, 0, size, offset, plus)
+        page = ops.readdir(node, 0, size, offset, plus, full)
         if not page:
             return records
         parsed = parse_page(page, plus)
@@ -517,12 +521,65 @@ def test_folders_are_listed_by_node_without_opendir(tmp_path: Path, plus: bool) 
         assert len(ops._node_listings) <= lowlevel_ops.NODE_LISTINGS_MAX
 
 
+@pytest.mark.parametrize("chunk", [4096, 16])
+def test_listings_for_other_processes_name_files_without_inodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """A listing asked by any process but our prefetcher (``find``) gives files node id 0 and no
+    attributes -- the same names, positions, inode numbers and types -- and folders their node
+    ids with attributes, on every page of a large folder too. A run of lookups in such a folder
+    hands it over as stale (its kernel listing is dropped before it is listed again in full)."""
+    from ratarmount import lowlevel_ops
+
+    monkeypatch.setattr(lowlevel_ops, "LISTING_CHUNK", chunk)
+    archive = tmp_path / "names.tar"
+    files = {f"d/f{i:03d}": b"x" * i for i in range(40)}
+    files.update({f"d/sub{i}/inner": b"y" for i in range(0, 40, 7)})
+    archive.write_bytes(tar_bytes(files))
+    with ratarmountcore.open(str(archive)) as source:
+        prefetcher = _RecordingPrefetcher()
+        ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
+        ops.init(no_open_supported=True, no_opendir_supported=True)
+        folder = lookup(ops, ROOT_ID, b"d")[0]
+        full = list_by_node(ops, folder, plus=True, size=4096)
+        assert folder not in ops._names_only
+        named = list_by_node(ops, folder, plus=True, size=4096, full=False)
+        assert folder in ops._names_only
+        assert [(r[0], r[1]) for r in named] == [(r[0], r[1]) for r in full]
+        assert len(named) == 2 + 40 + 6
+        for (name, _offset, node, attrs), (_name, _offset2, full_node, full_attrs) in zip(named, full):
+            if name.startswith(b"f"):
+                assert node == 0 and full_node != 0
+            else:  # ".", "..", and the folders, which `find` descends into
+                assert (node, attrs) == (full_node, full_attrs)
+        assert list_by_node(ops, folder, plus=False, size=4096, full=False) == list_by_node(ops, folder, False, 4096)
+        for name in (b"f001", b"f039", b"sub7"):  # the records carry the entries' inode numbers
+            assert lookup(ops, folder, name)[1]["ino"] == dirent_ino(ops, folder, name)
+        assert prefetcher.stale[:1] == [folder]  # the run: the second of those lookups
+
+
+def dirent_ino(ops: LowLevelOperations, folder: int, name: bytes) -> int:
+    """The inode number of ``name`` in the plain READDIR records of ``folder`` (page by page)."""
+    offset = 0
+    while True:
+        page = ops.readdir(folder, 0, 4096, offset, False)
+        assert page, name
+        position = 0
+        while position < len(page):
+            ino, offset, namelen, _kind = DIRENT.unpack_from(page, position)
+            if page[position + DIRENT.size : position + DIRENT.size + namelen] == name:
+                return int(ino)
+            position += (DIRENT.size + namelen + 7) & ~7
+
+
 class _RecordingPrefetcher:
     def __init__(self) -> None:
         self.requests: List[Tuple[str, int]] = []
+        self.stale: List[int] = []
 
-    def request(self, path: str, entries: int, done: object = None) -> bool:
+    def request(self, path: str, entries: int, done: object = None, stale: int = 0) -> bool:
         self.requests.append((path, entries))
+        self.stale.append(stale)
         return True
 
     def close(self) -> None:
@@ -644,7 +701,7 @@ class _ListingPrefetcher:
         self.listed: List[Tuple[bytes, int, int, Dict[str, int]]] = []
         self.waited: List[bool] = []
 
-    def request(self, path: str, entries: int, done: object = None) -> bool:
+    def request(self, path: str, entries: int, done: object = None, stale: int = 0) -> bool:
         if path != "/":
             self.waited.append(done is not None)
             self.listed = list_by_node(self.ops, self.node, plus=True, size=1 << 16)
@@ -714,7 +771,7 @@ def test_a_refused_hand_over_leaves_the_waiting_lookup_alone(tmp_path: Path) -> 
     archive.write_bytes(tar_bytes({f"a/f{i}": b"a" for i in range(6)}))
     with ratarmountcore.open(str(archive)) as source:
         prefetcher = _RecordingPrefetcher()
-        prefetcher.request = lambda path, entries, done=None: False  # type: ignore[method-assign]
+        prefetcher.request = lambda path, entries, done=None, stale=0: False  # type: ignore[method-assign]
         ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
         ops.init(no_open_supported=True, no_opendir_supported=True)
         ops.parallel_dirops = True

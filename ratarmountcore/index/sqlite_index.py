@@ -46,6 +46,10 @@ LIST_STATS_SQL = _LIST_STATS + " AND name != x'' ORDER BY name, id"
 #: ``LIST_STATS_SQL`` a part at a time: the rows after a name (names of the latest rows of one
 #: folder are unique, so the name alone says where the last part ended).
 LIST_STATS_AFTER_SQL = _LIST_STATS + " AND name > ? ORDER BY name, id LIMIT ?"
+#: ``LIST_STATS_AFTER_SQL`` with name, mode and inode number only (half the time per row).
+LIST_NAMES_AFTER_SQL = (
+    "SELECT name, mode, ino + 1 FROM files WHERE parent = ? AND latest = 1 AND name > ? ORDER BY name, id LIMIT ?"
+)
 
 #: Build options that indexes written before they existed were built with.
 OPTION_DEFAULTS = {"strip_tar_extension": "0"}
@@ -531,6 +535,10 @@ class IndexReader:
         """``list_stats`` from the first name after ``after`` on (b"": from the first), at most
         ``limit`` rows."""
         return self._query(LIST_STATS_AFTER_SQL, (parent, after, limit))  # type: ignore[no-any-return]
+
+    def list_names_after(self, parent: bytes, after: bytes, limit: int) -> List[Tuple[bytes, int, int]]:
+        """``list_stats_after`` with (name, mode, ino) only."""
+        return self._query(LIST_NAMES_AFTER_SQL, (parent, after, limit))  # type: ignore[no-any-return]
 
     def nested_archive(self, row_id: int) -> Tuple[int, int, str]:
         row = self._query("SELECT offset, size, format FROM nested_archives WHERE id = ?", (row_id,), one=True)

@@ -29,7 +29,7 @@ from ..io.readers import MemberFile, PlainFileReader, RandomAccessReader, will_n
 from ..options import CompressionOptions, OpenOptions
 from ..tar.indexing import NamespacedSeekPoints, index_tar, open_nested_compressed
 from ..tar.sample import tell_member_size
-from .base import VERSIONS_SUFFIX, FileInfo, MountSource, StatRow
+from .base import VERSIONS_SUFFIX, FileInfo, MountSource, NameRow, StatRow
 from .renewal import RenewedAfterFork, RenewReader
 from .watch import ArchiveWatch
 
@@ -240,6 +240,12 @@ class ArchiveSource(RenewedAfterFork, MountSource):
             return None if plain is None else super().list_stat_rows_after(path, after, limit)
         # (b"" sorts before every name; the archive's own "./" row, named b"", is not listed)
         return plain_mtimes(self._index.list_stats_after(encode(path), after or b"", limit))
+
+    def list_name_rows_after(self, path: str, after: Optional[bytes], limit: int) -> Optional[List[NameRow]]:
+        plain = self._plain_folder(path)
+        if not plain:
+            return None if plain is None else super().list_name_rows_after(path, after, limit)
+        return self._index.list_names_after(encode(path), after or b"", limit)
 
     def open_info(self, info: FileInfo) -> MemberFile:
         locator = info.locator

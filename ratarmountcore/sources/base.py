@@ -75,6 +75,8 @@ def normalize(path: str) -> str:
 #: An entry of a listing as plain fields: name (UTF-8 bytes, other bytes kept as they were),
 #: mode, size, mtime_ns, uid, gid, nlink, ino, rdev -- ``FileInfo``'s meanings.
 StatRow = Tuple[bytes, int, int, int, int, int, int, int, int]
+#: name, mode, ino: a listing entry without its other attributes.
+NameRow = Tuple[bytes, int, int]
 
 
 class MountSource(ABC):
@@ -135,6 +137,13 @@ class MountSource(ABC):
         if after is not None:
             rows = [row for row in rows if row[0] > after]
         return rows[:limit]
+
+    def list_name_rows_after(self, path: str, after: Optional[bytes], limit: int) -> Optional[List[NameRow]]:
+        """``list_stat_rows_after`` with only (name, mode, ino) of each entry: for listings
+        that name the entries without their attributes. Sources with an index override it with
+        a narrower query."""
+        rows = self.list_stat_rows_after(path, after, limit)
+        return None if rows is None else [(row[0], row[1], row[7]) for row in rows]
 
     @abstractmethod
     def open_info(self, info: FileInfo) -> MemberFile:
