@@ -13,6 +13,7 @@ for handles).
 
 from __future__ import annotations
 
+import bisect
 import collections
 import errno
 import functools
@@ -145,6 +146,10 @@ class LowLevelOperations:
         self._listed_folders: Dict[int, str] = {}
         #: Folders last listed with names only for their files.
         self._names_only: Dict[int, None] = {}
+        #: Set once files were looked up in a run where a listing had named them without
+        #: attributes (``ls -l``, ``du``, a walk that stats): from then on every listing carries
+        #: them, as the prefetcher's do.
+        self.listings_in_full = False
         self._negative = abi.entry_out(0, abi.NEGATIVE_ATTR, self._timeout)
 
     def _lookup_ino(self, ino: int) -> Optional[Tuple[str, Entry]]:
@@ -288,6 +293,9 @@ class LowLevelOperations:
                         listed = threading.Event()
                         self._waiting[parent] = name
             stale = parent if parent in self._names_only else 0
+            if stale and not self.listings_in_full:
+                logger.debug("files listed without attributes were looked up: listings carry them from now on")
+                self.listings_in_full = True
             if not self.prefetcher.request(path, size, listed, stale) and listed is not None:
                 with self._waiting_lock:
                     del self._waiting[parent]  # ours: set just above
@@ -511,7 +519,7 @@ class LowLevelOperations:
         and no attributes, from a narrower query. A ``find`` then costs the kernel no inode per
         file and us half the work; a process that stats the files after listing them makes a
         run of lookups, for which the prefetcher lists the folder again in full (see
-        ``_follow_run``)."""
+        ``_follow_run``), and after which every listing is made in full (``listings_in_full``)."""
         if not self._paged:
             rows = self.source.list_stat_rows(path)
         else:
@@ -571,6 +579,7 @@ class LowLevelOperations:
     def readdir(self, node: int, handle: int, size: int, offset: int, plus: bool, full: bool = True) -> bytes:
         """One page of the listing from entry ``offset`` on, at most ``size`` bytes. With
         ``plus``, entries carry their attributes and a node id the kernel now holds."""
+        full = full or self.listings_in_full
         found = self._listing_of(node, offset, full) if handle == 0 else self._listings.get(handle)
         if found is None:
             raise _errno(errno.EBADF)
@@ -582,18 +591,7 @@ class LowLevelOperations:
                     self._node_listings.pop(node, None)
         else:
             listing, start = found, offset
-        used = 0
-        end = start
-        count = len(listing)
-        while end < count:
-            name, _path, _info, record = listing[end]
-            need = (abi.DIRENT_HEAD_SIZE + len(name) + 7) & ~7
-            if plus:
-                need = len(record) if record else need + abi.ENTRY_SIZE
-            if used + need > size:
-                break
-            used += need
-            end += 1
+        end = start + self._page_length(listing, start, size, plus)
         page = listing[start:end]
         if not plus:
             # A READDIRPLUS record ends with the plain record (its node id and attributes cut).
@@ -614,6 +612,28 @@ class LowLevelOperations:
                 record = abi.direntplus(node, info, timeout_of(info), index, name, info.ino or node)
             records.append(record)
         return b"".join(records)
+
+    @staticmethod
+    def _page_length(listing: Sequence[Listed], start: int, size: int, plus: bool) -> int:
+        """How many entries from ``start`` on fit into a page of ``size`` bytes."""
+        lengths = [len(item[3]) for item in listing[start:]]
+        if all(lengths):  # every record made (a listing from plain rows): their sizes, added up
+            if not plus:  # (a READDIR record is the tail of its READDIRPLUS record)
+                lengths = [length - abi.ENTRY_SIZE for length in lengths]
+            return bisect.bisect_right(list(itertools.accumulate(lengths)), size)
+        used = 0
+        end = start
+        count = len(listing)
+        while end < count:
+            name, _path, _info, record = listing[end]
+            need = (abi.DIRENT_HEAD_SIZE + len(name) + 7) & ~7
+            if plus:
+                need = len(record) if record else need + abi.ENTRY_SIZE
+            if used + need > size:
+                break
+            used += need
+            end += 1
+        return end - start
 
     def releasedir(self, handle: int) -> None:
         self._listings.pop(handle, None)

@@ -697,6 +697,26 @@ def test_find_links_no_inode_per_file(tmp_path: Path) -> None:
 
 
 @requires_fuse
+def test_a_walk_that_stats_what_it_lists_gets_attributes_with_the_listings(tmp_path: Path) -> None:
+    """Once files named without attributes were looked up in a run (a walk that stats every
+    file: `du`, `ls -lR`, `os.walk` + `stat`), the following listings carry the attributes:
+    the stats in the folders listed after that ask the daemon nothing."""
+    folders = [f"d{index}" for index in range(4)]
+    archive = tmp_path / "walk.tar"
+    members = {f"{folder}/f{index:03d}": b"x" * index for folder in folders for index in range(60)}
+    archive.write_bytes(tar_bytes(members))
+
+    def walk_and_stat(mnt: Path) -> None:
+        for folder in folders:
+            for name in os.listdir(mnt / folder):
+                assert os.lstat(mnt / folder / name).st_size == int(name[1:])
+
+    opcodes = _requests_during(tmp_path, archive, walk_and_stat)
+    # each folder's own LOOKUP, up to 3 for the first folder's files, none for the others' files
+    assert opcodes.count("LOOKUP") <= len(folders) + 3, opcodes
+
+
+@requires_fuse
 def test_folders_are_listed_without_opendir_round_trips(tmp_path: Path, archive: Path) -> None:
     """After the first OPENDIR (answered ENOSYS), the kernel lists folders by node id without
     opening them; listings stay complete and cached."""

@@ -556,6 +556,8 @@ def test_listings_for_other_processes_name_files_without_inodes(
         for name in (b"f001", b"f039", b"sub7"):  # the records carry the entries' inode numbers
             assert lookup(ops, folder, name)[1]["ino"] == dirent_ino(ops, folder, name)
         assert prefetcher.stale[:1] == [folder]  # the run: the second of those lookups
+        assert ops.listings_in_full  # files listed were looked up: listings carry attributes now
+        assert list_by_node(ops, folder, plus=True, size=4096, full=False) == full
 
 
 def dirent_ino(ops: LowLevelOperations, folder: int, name: bytes) -> int:
