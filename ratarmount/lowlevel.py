@@ -390,22 +390,25 @@ class LowLevelFuse:
             finally:
                 lib.fuse_reply_err(req, 0)
 
+        prefetcher = ops.prefetcher
+        request_context = lib.fuse_req_ctx
+
+        def for_prefetcher(req: int) -> bool:
+            """Whether a listing is for our prefetcher (made in full), or without one."""
+            return prefetcher is None or request_context(req).contents.pid == prefetcher.thread_id
+
         def opendir(req: int, node: int, _fi: Any) -> None:
             pin()
             try:
-                reply(req, ops.opendir(node))
+                reply(req, ops.opendir(node, for_prefetcher(req)))
             except BaseException as exc:  # noqa: BLE001
                 fail(req, exc, f"opendir of node {node}")
-
-        prefetcher = ops.prefetcher
-        request_context = lib.fuse_req_ctx
 
         def listing(plus: bool) -> Callable[[int, int, int, int, Any], None]:
             def readdir(req: int, node: int, size: int, offset: int, fi: Any) -> None:
                 pin()
                 try:
-                    full = prefetcher is None or request_context(req).contents.pid == prefetcher.thread_id
-                    reply(req, ops.readdir(node, fi.contents.fh, size, offset, plus, full))
+                    reply(req, ops.readdir(node, fi.contents.fh, size, offset, plus, for_prefetcher(req)))
                 except BaseException as exc:  # noqa: BLE001
                     fail(req, exc, "readdir")
 

@@ -430,13 +430,14 @@ class LowLevelOperations:
         self.files.release(handle)
 
     # --- folders ------------------------------------------------------------------------------
-    def opendir(self, node: int) -> bytes:
+    def opendir(self, node: int, full: bool = True) -> bytes:
+        """``full``: whether the listing is for our prefetcher (see ``_row_records``)."""
         if self.no_opendir:
             if not self._resolve(node)[1][0].is_dir:
                 raise _errno(errno.ENOTDIR)
             raise _errno(errno.ENOSYS)  # see init; the kernel lists by node id from now on
         handle = next(self._next_handle)
-        self._listings[handle] = self._make_listing(node)
+        self._listings[handle] = self._make_listing(node, full or self.listings_in_full)
         return abi.open_out(handle, self._keep_cache | (abi.FOPEN_CACHE_DIR if self._keep_cache else 0))
 
     def _make_listing(self, node: int, full: bool = True) -> Listing:

@@ -672,28 +672,38 @@ def test_stat_after_listing_a_large_folder_asks_nothing(tmp_path: Path, api: str
 
 
 @requires_fuse
-def test_find_links_no_inode_per_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["archive", "folder"])
+def test_find_links_no_inode_per_file(tmp_path: Path, kind: str) -> None:
     """A listing names files with their inode numbers and types but without attributes (the
     kernel links no inode for them: `find` over a million files costs the kernel no million
-    inodes), so the first stat of a listed file is a LOOKUP; folders come with theirs."""
+    inodes), so the first stat of a listed file is a LOOKUP; folders come with theirs. The same
+    in an archive inside a folder source (``-r``; listings opened with OPENDIR there)."""
     names = [f"f{index:03d}" for index in range(50)]
-    archive = tmp_path / "find.tar"
+    data = tmp_path / "data"
+    data.mkdir()
+    archive = data / "find.tar"
     archive.write_bytes(tar_bytes({**{f"folder/{name}": name.encode() for name in names}, "folder/sub/x": b"x"}))
     seen: Dict[str, Tuple[int, bool]] = {}
 
     def list_then_stat_one(mnt: Path) -> None:
-        os.lstat(mnt / "folder")
-        with os.scandir(mnt / "folder") as entries:
+        folder = mnt / "folder" if kind == "archive" else mnt / "find.tar" / "folder"
+        os.lstat(folder)
+        with os.scandir(folder) as entries:
             for entry in entries:
                 seen[entry.name] = (entry.inode(), entry.is_file(follow_symlinks=False))
-        found = os.lstat(mnt / "folder" / "f007")
+        found = os.lstat(folder / "f007")
         assert (found.st_ino, found.st_size) == (seen["f007"][0], 4)
-        os.lstat(mnt / "folder" / "sub")
+        os.lstat(folder / "sub")
 
-    opcodes = _requests_during(tmp_path, archive, list_then_stat_one)
+    if kind == "archive":
+        opcodes = _requests_during(tmp_path, archive, list_then_stat_one)
+        before = 1  # the folder
+    else:
+        opcodes = _requests_during(tmp_path, data, list_then_stat_one, ["-r"])
+        before = 2  # find.tar, its folder
     assert sorted(seen) == sorted([*names, "sub"]) and seen["sub"][1] is False
     assert all(seen[name][1] for name in names)
-    assert opcodes.count("LOOKUP") == 2, opcodes  # the folder, then the file; not the subfolder
+    assert opcodes.count("LOOKUP") == before + 1, opcodes  # then the file; not the subfolder
 
 
 @requires_fuse

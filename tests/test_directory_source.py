@@ -294,8 +294,11 @@ def test_archive_members_have_unique_inode_numbers_found_again_by_number(tmp_pat
                 assert found[1].size == len(files[member]) and src.open_info(found[1]).read() == files[member]
             part = src.list_stat_rows_after(folder, sorted(files)[0].encode(), 1) or []
             assert [row[0].decode() for row in part] == sorted(files)[1:2] and part[0][7] == rows[sorted(files)[1]][7]
+            named = src.list_name_rows_after(folder, None, 100) or []
+            assert named == [(row[0], row[1], row[7]) for row in sorted(rows.values())]
         assert src.info("/labels.txt").ino == 0 and src.info("/train/n0000.tar").ino == 0
         assert all(row[7] == 0 for row in src.list_stat_rows("/train") or [None])
+        assert all(row[2] == 0 for row in src.list_name_rows_after("/train", None, 100) or [None])
         old = src.info("/train/n0001.tar/n0001_1.JPEG").ino
         (root / "train" / "n0001.tar").write_bytes(tar_bytes({"n0001_1.JPEG": b"new"}))
         os.utime(root / "train" / "n0001.tar", ns=(1, 1))

@@ -332,4 +332,8 @@ def test_stat_rows_of_a_listing_agree_with_its_entries(tmp_path: Path) -> None:
                         break
                     after = part[-1][0]
                 assert parts == whole, (path, limit)
+                # name, mode and inode number only (listings without attributes): the same
+                names = source.list_name_rows_after(path, None if limit == 100 else whole[0][0], limit)
+                assert names == [(r[0], r[1], r[7]) for r in whole[0 if limit == 100 else 1 :][:limit]], (path, limit)
         assert source.list_stat_rows_after("/d/a", None, 5) is None
+        assert source.list_name_rows_after("/d/a", None, 5) is None

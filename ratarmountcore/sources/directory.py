@@ -45,7 +45,7 @@ from ..index.locations import INDEX_SUFFIX
 from ..io import forks
 from ..io.readers import MemberFile, PlainFileReader
 from ..options import OpenOptions
-from .base import FileInfo, MountSource, StatRow
+from .base import FileInfo, MountSource, NameRow, StatRow
 
 logger = logging.getLogger(__name__)
 
@@ -494,27 +494,49 @@ class DirectorySource(MountSource):
     def list_stat_rows_after(self, path: str, after: Optional[bytes], limit: int) -> Optional[List[StatRow]]:
         return self._stat_rows(path, after, limit)
 
+    def list_name_rows_after(self, path: str, after: Optional[bytes], limit: int) -> Optional[List[NameRow]]:
+        found = self._listed_archive(path)
+        if found is None:
+            return None
+        own, archive, inner, base = found
+        if own:
+            return super().list_name_rows_after(path, after, limit)
+        rows = archive.list_name_rows_after(inner, after, limit) if archive is not None else []
+        return None if rows is None else [(name, mode, _member_ino(base, ino)) for name, mode, ino in rows]
+
     def _stat_rows(self, path: str, after: Optional[bytes], limit: int) -> Optional[List[StatRow]]:
         """An archive's folder: its rows from the archive's index, numbered as this folder numbers
         its members; the folder's own: from ``list_entries`` (``limit`` -1: all rows)."""
+        found = self._listed_archive(path)
+        if found is None:
+            return None
+        own, archive, inner, base = found
+        if own:
+            return super().list_stat_rows(path) if limit < 0 else super().list_stat_rows_after(path, after, limit)
+        if archive is None:
+            return []
+        rows = archive.list_stat_rows(inner) if limit < 0 else archive.list_stat_rows_after(inner, after, limit)
+        if rows is None:
+            return None
+        return [
+            (name, mode, size, mtime_ns, uid, gid, nlink, _member_ino(base, ino), rdev)
+            for name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev in rows
+        ]
+
+    def _listed_archive(self, path: str) -> Optional[Tuple[bool, Optional[MountSource], str, int]]:
+        """For folder ``path`` (None: no folder): whether it is the folder's own, else the
+        archive it belongs to (None: one that failed to open), the path inside it, and the base
+        of the inode numbers this folder gives its members."""
         info = self.lookup(path)
         if info is None or not info.is_dir:
             return None
         found = self._archive_of(info)
         if found is None:
-            return super().list_stat_rows(path) if limit < 0 else super().list_stat_rows_after(path, after, limit)
+            return True, None, "", 0
         relative, archive = found
         if archive is None:
-            return []
-        inner = self._inner_path(path, relative)
-        rows = archive.list_stat_rows(inner) if limit < 0 else archive.list_stat_rows_after(inner, after, limit)
-        if rows is None:
-            return None
-        base = self._base(archive)
-        return [
-            (name, mode, size, mtime_ns, uid, gid, nlink, _member_ino(base, ino), rdev)
-            for name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev in rows
-        ]
+            return False, None, "", 0
+        return False, archive, self._inner_path(path, relative), self._base(archive)
 
     def _open_folder(self, relative: str) -> Optional[int]:
         if not relative:
