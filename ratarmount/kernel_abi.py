@@ -57,6 +57,9 @@ def entry_out(node: int, attr: bytes, timeout: int) -> bytes:
 
 
 NEGATIVE_ATTR = bytes(ATTR_SIZE)
+#: The entry part of a READDIRPLUS record that names no node (node id 0: the kernel lists the
+#: name and links nothing).
+NO_ENTRY = bytes(ENTRY_SIZE)
 
 
 def attr_out(attr: bytes, timeout: int) -> bytes:

@@ -110,6 +110,8 @@ class LowLevelOperations:
         self.no_opendir = False
         self._node_listings: "collections.OrderedDict[int, Listing]" = collections.OrderedDict()
         self._node_listings_lock = threading.Lock()
+        #: Packed listings being read (``_packed_page``): all records, the end of each.
+        self._packed: "collections.OrderedDict[int, Tuple[bytes, List[int]]]" = collections.OrderedDict()
         #: Whether the kernel lets lookups and listings of one folder run at the same time
         #: (``parallel_dirops.py``); only then may a lookup wait for a listing of its folder.
         self.parallel_dirops = False
@@ -461,17 +463,12 @@ class LowLevelOperations:
             entries = self.source.list_entries(path)
         if entries is None:
             raise _errno(errno.ENOTDIR)
-        parent = self._entry(path.rsplit("/", 1)[0] or "/") if path != "/" else own
         timeout = self._timeout
         plus = abi.direntplus
         # READDIRPLUS records are made here when the node id is the entry's own inode number
         # (and for "." and "..", which carry none); entries named by the table get theirs when
         # a page is served, since handing out an id counts a reference.
-        up = (parent or own)[0]
-        listing: List[Listed] = [
-            (b".", "", own[0], plus(0, own[0], 0, 1, b".", own[0].ino or UNKNOWN_INO)),
-            (b"..", "", up, plus(0, up, 0, 2, b"..", up.ino or UNKNOWN_INO)),
-        ]
+        listing = self._listing_head(path, own)
         if records is not None:
             if not full:
                 names_only = self._names_only
@@ -510,6 +507,56 @@ class LowLevelOperations:
             else:
                 listing.append((raw, prefix + name, info, b""))
         return listing
+
+    def _listing_head(self, path: str, own: Entry) -> List[Listed]:
+        """The records of "." and ".." of folder ``path``."""
+        parent = self._entry(path.rsplit("/", 1)[0] or "/") if path != "/" else own
+        up = (parent or own)[0]
+        plus = abi.direntplus
+        return [
+            (b".", "", own[0], plus(0, own[0], 0, 1, b".", own[0].ino or UNKNOWN_INO)),
+            (b"..", "", up, plus(0, up, 0, 2, b"..", up.ino or UNKNOWN_INO)),
+        ]
+
+    def _packed_page(self, node: int, size: int, offset: int) -> Optional[bytes]:
+        """A READDIRPLUS page without attributes from the folder's packed listing
+        (``index/dirents.py``: a folder of files), or None when it has none. A folder of 100
+        files costs one row and a decompression instead of a query and a record per entry."""
+        packed = self._packed.get(node)
+        if packed is None:
+            if offset != 0:
+                return None  # (a listing made from rows continues from rows)
+            path, own = self._resolve(node)
+            block = self.source.list_dirents(path)
+            if block is None:
+                return None
+            head = [item[3] for item in self._listing_head(path, own)]
+            # Each record behind an entry part naming no node (the kernel links nothing).
+            records, ends, none = block.records, block.ends, abi.NO_ENTRY
+            body = none.join([records[start:end] for start, end in zip(itertools.chain((0,), ends), ends)])
+            first = len(head[0])
+            second = first + len(head[1])
+            size_of_none = len(none)
+            packed = (
+                head[0] + head[1] + none + body,
+                [first, second, *(second + end + size_of_none * count for count, end in enumerate(ends, 1))],
+            )
+            with self._node_listings_lock:
+                self._packed[node] = packed
+                while len(self._packed) > NODE_LISTINGS_MAX:
+                    self._packed.popitem(last=False)
+                names_only = self._names_only
+                names_only[node] = None
+                if len(names_only) > LISTED_FOLDERS_MAX:
+                    names_only.clear()
+        data, ends = packed
+        if offset >= len(ends):  # the page after the last one
+            with self._node_listings_lock:
+                self._packed.pop(node, None)
+            return b""
+        start = ends[offset - 1] if offset else 0
+        end = bisect.bisect_right(ends, start + size)
+        return data[start : ends[end - 1]] if end > offset else b""
 
     def _row_records(
         self, path: str, after: Optional[bytes], limit: int, index: int, node: int, prefix: str, full: bool
@@ -583,6 +630,10 @@ class LowLevelOperations:
         """One page of the listing from entry ``offset`` on, at most ``size`` bytes. With
         ``plus``, entries carry their attributes and a node id the kernel now holds."""
         full = full or self.listings_in_full
+        if plus and not full and handle == 0 and self._stable:
+            packed = self._packed_page(node, size, offset)
+            if packed is not None:
+                return packed
         found = self._listing_of(node, offset, full) if handle == 0 else self._listings.get(handle)
         if found is None:
             raise _errno(errno.EBADF)

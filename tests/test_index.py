@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import sqlite3
+import struct
 import tarfile
 import threading
 from pathlib import Path
@@ -282,6 +284,49 @@ def test_index_in_a_folder_whose_name_needs_percent_encoding(tmp_path: Path, nam
     with ratarmountcore.open(str(archive), options) as source:  # opens it read-only by URI
         assert sorted(source.listdir("/")) == built
         assert source._index.path == str(folder / "a.tar.index.sqlite")  # type: ignore[attr-defined]
+
+
+def test_folders_of_files_are_stored_as_packed_listings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The index keeps each folder of files as its listing's directory records (index/dirents.py):
+    one per entry, in listing order, with inode number, position, name and type; a folder with
+    a subfolder, or with more than MAX_ENTRIES entries, is not packed."""
+    from ratarmountcore.index import dirents
+
+    monkeypatch.setattr(dirents, "MAX_ENTRIES", 5)
+    members = {**{f"files/f{i}": b"x" for i in range(5)}, **{f"many/m{i}": b"y" for i in range(6)}, "mixed/a": b""}
+    archive = tmp_path / "packed.tar"
+    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        sym = tarfile.TarInfo("files/link")  # the sixth entry of "files"
+        sym.type, sym.linkname = tarfile.SYMTYPE, "f0"
+        tar.addfile(sym)
+        sub = tarfile.TarInfo("mixed/sub")
+        sub.type = tarfile.DIRTYPE
+        tar.addfile(sub)
+        again = tarfile.TarInfo("links/l")
+        again.type, again.linkname = tarfile.SYMTYPE, "../files/f1"
+        tar.addfile(again)
+    with ratarmountcore.open(str(archive)) as source:
+        assert source.list_dirents("/files") is None  # 6 entries
+        assert source.list_dirents("/many") is None and source.list_dirents("/mixed") is None
+        assert source.list_dirents("/") is None and source.list_dirents("/files/f0") is None
+        block = source.list_dirents("/links")
+        assert block is not None and len(block.ends) == 1
+        ino, position, length, kind = struct.unpack_from("=QQII", block.records)
+        assert (ino, position, block.records[24 : 24 + length], kind) == (source.info("/links/l").ino, 3, b"l", 10)
+    monkeypatch.setattr(dirents, "MAX_ENTRIES", 4096)
+    (tmp_path / "packed.tar.index.sqlite").unlink()
+    with ratarmountcore.open(str(archive)) as source:
+        for folder in ("/files", "/many"):
+            block = source.list_dirents(folder)
+            rows = source.list_name_rows_after(folder, None, 100) or []
+            assert block is not None and len(block.ends) == len(rows) > 0
+            expected = [dirents.record(ino, i, name, mode) for i, (name, mode, ino) in enumerate(rows, 3)]
+            assert block.records == b"".join(expected)
+            assert list(block.ends) == list(itertools.accumulate(map(len, expected)))
 
 
 def test_stat_rows_of_a_listing_agree_with_its_entries(tmp_path: Path) -> None:

@@ -560,6 +560,43 @@ def test_listings_for_other_processes_name_files_without_inodes(
         assert list_by_node(ops, folder, plus=True, size=4096, full=False) == full
 
 
+@pytest.mark.parametrize("size", [200, 4096, 1 << 16])
+def test_packed_listings_are_the_listings_made_from_rows(tmp_path: Path, size: int) -> None:
+    """A folder of files is listed from its packed records (index/dirents.py) with the same
+    pages, byte for byte, as from its rows -- names that are not UTF-8, links, a hard link, pages
+    cut anywhere -- and a folder with a subfolder is listed from its rows."""
+    archive = tmp_path / "packed.tar"
+    with tarfile.open(archive, "w", format=tarfile.GNU_FORMAT) as tar:
+        for i in range(120):
+            info = tarfile.TarInfo(f"d/{'n' * (i % 37)}{i:03d}" + ("\udce9" if i % 11 == 0 else ""))
+            info.size = i
+            tar.addfile(info, io.BytesIO(b"x" * i))
+        link = tarfile.TarInfo("d/zlink")
+        link.type, link.linkname = tarfile.SYMTYPE, "000"
+        tar.addfile(link)
+        hard = tarfile.TarInfo("d/zhard")
+        hard.type, hard.linkname = tarfile.LNKTYPE, "d/n001"
+        tar.addfile(hard)
+        tar.addfile(tarfile.TarInfo("e/file"), io.BytesIO(b""))
+        sub = tarfile.TarInfo("e/sub")
+        sub.type = tarfile.DIRTYPE
+        tar.addfile(sub)
+    with ratarmountcore.open(str(archive)) as source:
+        assert source.list_dirents("/d") is not None and source.list_dirents("/e") is None
+        ops = LowLevelOperations(source)
+        ops.init(no_open_supported=True, no_opendir_supported=True)
+        for name in (b"d", b"e"):
+            folder = lookup(ops, ROOT_ID, name)[0]
+            packed = list_by_node(ops, folder, plus=True, size=size, full=False)
+            assert not ops._packed  # dropped with the empty page after the last
+            rows_only = LowLevelOperations(source)
+            rows_only.init(no_open_supported=True, no_opendir_supported=True)
+            rows_only._packed_page = lambda *_args: None  # type: ignore[method-assign]
+            assert packed == list_by_node(rows_only, folder, plus=True, size=size, full=False), name
+            assert len(packed) == (2 + 122 if name == b"d" else 4)
+            assert all(node == 0 for _name, _offset, node, _attrs in packed[2:] if _name != b"sub")
+
+
 def dirent_ino(ops: LowLevelOperations, folder: int, name: bytes) -> int:
     """The inode number of ``name`` in the plain READDIR records of ``folder`` (page by page)."""
     offset = 0

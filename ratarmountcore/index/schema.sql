@@ -55,3 +55,11 @@ CREATE TABLE IF NOT EXISTS nested_archives (
     size    INTEGER NOT NULL,
     format  TEXT    NOT NULL
 );
+
+-- Each folder's listing packed as directory records, for folders of files only (see
+-- index/dirents.py): "records" is compressed; "entries" says how many records it holds.
+CREATE TABLE IF NOT EXISTS dirents (
+    parent  BLOB    PRIMARY KEY,
+    entries INTEGER NOT NULL,
+    records BLOB    NOT NULL
+) WITHOUT ROWID;

@@ -8,6 +8,7 @@ The writer knows nothing about tar parsing and the reader nothing about building
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import os
 import posixpath
@@ -18,13 +19,14 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..errors import InvalidIndexError, StaleIndexError
 from ..tar.scanner import KIND_DIR, KIND_HARDLINK, MemberRecord
+from . import dirents
 from .fingerprint import ArchiveStats
 from .pool import ConnectionPool, read_only_uri
 
 logger = logging.getLogger(__name__)
 
 #: Bump when the schema or the meaning of a column changes; older indexes are rebuilt.
-FORMAT_VERSION = "5"
+FORMAT_VERSION = "6"
 #: ``offset_header`` of folders that no member names, only member paths imply.
 IMPLICIT = -1
 
@@ -339,6 +341,7 @@ class IndexWriter:
         if self._has_hardlinks:
             self._count_hardlinks()
         self._count_dir_links()
+        self._pack_listings()
         totals = "SELECT COALESCE(SUM(size), 0), COUNT(*) FROM files WHERE latest = 1"
         total_size, entries = conn.execute(totals).fetchone()
         meta = {
@@ -431,6 +434,19 @@ class IndexWriter:
             "WHERE ino IN (SELECT ino FROM files WHERE is_hardlink = 1)"
         )
         conn.execute("DROP INDEX files_by_ino")
+
+    def _pack_listings(self) -> None:
+        """Each folder of files stored as its listing's records (``dirents.py``)."""
+        conn = self._conn
+        rows = conn.execute(
+            "SELECT parent, name, mode, ino + 1 FROM files WHERE latest = 1 AND name != x'' ORDER BY parent, name, id"
+        )
+        packed = dirents.pack_all(rows)
+        while True:
+            batch = list(itertools.islice(packed, 1000))
+            if not batch:
+                return
+            conn.executemany("INSERT INTO dirents (parent, entries, records) VALUES (?, ?, ?)", batch)
 
     def _count_dir_links(self) -> None:
         conn = self._conn
@@ -535,6 +551,11 @@ class IndexReader:
         """``list_stats`` from the first name after ``after`` on (b"": from the first), at most
         ``limit`` rows."""
         return self._query(LIST_STATS_AFTER_SQL, (parent, after, limit))  # type: ignore[no-any-return]
+
+    def dirents(self, parent: bytes) -> Optional[Tuple[int, bytes]]:
+        """(entries, stored records) of the packed listing of folder ``parent``, if it has one."""
+        row = self._query("SELECT entries, records FROM dirents WHERE parent = ?", (parent,), one=True)
+        return None if row is None else (int(row[0]), bytes(row[1]))
 
     def list_names_after(self, parent: bytes, after: bytes, limit: int) -> List[Tuple[bytes, int, int]]:
         """``list_stats_after`` with (name, mode, ino) only."""

@@ -11,7 +11,9 @@ from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from ..errors import ArchiveError, InvalidIndexError, NotFoundError, RatarmountError
 from ..formats import FormatId
+from ..index import dirents
 from ..index.builder import open_or_build
+from ..index.dirents import DirentBlock
 from ..index.fingerprint import archive_stats
 from ..index.folder_rows import FolderRows
 from ..index.sqlite_index import (
@@ -246,6 +248,10 @@ class ArchiveSource(RenewedAfterFork, MountSource):
         if not plain:
             return None if plain is None else super().list_name_rows_after(path, after, limit)
         return self._index.list_names_after(encode(path), after or b"", limit)
+
+    def list_dirents(self, path: str) -> Optional[DirentBlock]:
+        found = self._index.dirents(encode(path))
+        return None if found is None else dirents.unpack(*found)
 
     def open_info(self, info: FileInfo) -> MemberFile:
         locator = info.locator

@@ -21,6 +21,7 @@ from ..errors import (
     NotASymlinkError,
     NotFoundError,
 )
+from ..index.dirents import DirentBlock
 from ..io.readers import MemberFile
 
 #: Names of pseudo folders ``PATH.versions`` (every version of a member), which listings leave out.
@@ -144,6 +145,11 @@ class MountSource(ABC):
         a narrower query."""
         rows = self.list_stat_rows_after(path, after, limit)
         return None if rows is None else [(row[0], row[1], row[7]) for row in rows]
+
+    def list_dirents(self, path: str) -> Optional[DirentBlock]:
+        """Folder ``path``'s listing packed as directory records (``index/dirents.py``), for
+        sources that keep them: None when it has none (then list it from its rows)."""
+        return None
 
     @abstractmethod
     def open_info(self, info: FileInfo) -> MemberFile:
