@@ -13,6 +13,7 @@ import stat
 import struct
 from typing import Dict, Tuple
 
+from ratarmountcore.index import dirents
 from ratarmountcore.sources.base import FileInfo
 
 #: struct fuse_attr (the kernel reads the u64 times as signed)
@@ -70,10 +71,9 @@ def open_out(handle: int, flags: int) -> bytes:
     return _OPEN.pack(handle, flags, 0)
 
 
-def dirent(ino: int, offset: int, name: bytes, mode: int) -> bytes:
-    """``struct fuse_dirent`` padded to 8 bytes."""
-    record = _DIRENT.pack(ino, offset, len(name), stat.S_IFMT(mode) >> 12) + name
-    return record + bytes(-len(record) % 8)
+#: ``struct fuse_dirent`` padded to 8 bytes, from (ino, offset, name, mode): the layout the
+#: index keeps packed listings in.
+dirent = dirents.record
 
 
 #: struct fuse_direntplus (entry_out with its attr, then the dirent head) in one call
@@ -112,18 +112,10 @@ def direntplus_of(
     )  # fmt: skip
 
 
-_NAME_ONLY_BY_LENGTH: Dict[int, struct.Struct] = {}
-
-
 def direntplus_name_only(offset: int, name: bytes, ino: int, mode: int) -> bytes:
     """A READDIRPLUS record with node id 0 and no attributes: the kernel lists the name (with
     its inode number and type) and links no inode for it; a later ``stat`` looks it up."""
-    length = len(name)
-    packer = _NAME_ONLY_BY_LENGTH.get(length)
-    if packer is None:
-        layout = f"={ENTRY_SIZE}x" + _DIRENT.format[1:] + f"{(length + 7) & ~7}s"
-        packer = _NAME_ONLY_BY_LENGTH[length] = struct.Struct(layout)
-    return packer.pack(ino, offset, length, stat.S_IFMT(mode) >> 12, name)
+    return NO_ENTRY + dirent(ino, offset, name, mode)
 
 
 def statfs_out(values: dict) -> bytes:  # type: ignore[type-arg]

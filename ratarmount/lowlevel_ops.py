@@ -471,10 +471,7 @@ class LowLevelOperations:
         listing = self._listing_head(path, own)
         if records is not None:
             if not full:
-                names_only = self._names_only
-                names_only[node] = None
-                if len(names_only) > LISTED_FOLDERS_MAX:
-                    names_only.clear()
+                self._mark_names_only(node)
             if chunked:
 
                 def fetch(after: Optional[bytes], index: int) -> List[Listed]:
@@ -507,6 +504,13 @@ class LowLevelOperations:
             else:
                 listing.append((raw, prefix + name, info, b""))
         return listing
+
+    def _mark_names_only(self, node: int) -> None:
+        """Folder ``node`` was listed without its files' attributes (see ``_follow_run``)."""
+        names_only = self._names_only
+        names_only[node] = None
+        if len(names_only) > LISTED_FOLDERS_MAX:
+            names_only.clear()
 
     def _listing_head(self, path: str, own: Entry) -> List[Listed]:
         """The records of "." and ".." of folder ``path``."""
@@ -545,10 +549,7 @@ class LowLevelOperations:
                 self._packed[node] = packed
                 while len(self._packed) > NODE_LISTINGS_MAX:
                     self._packed.popitem(last=False)
-                names_only = self._names_only
-                names_only[node] = None
-                if len(names_only) > LISTED_FOLDERS_MAX:
-                    names_only.clear()
+            self._mark_names_only(node)
         data, ends = packed
         if offset >= len(ends):  # the page after the last one
             with self._node_listings_lock:

@@ -22,7 +22,7 @@ import operator
 import stat
 import struct
 import zlib
-from typing import Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 #: Largest folder packed (larger ones are listed a part at a time from their rows).
 MAX_ENTRIES = 4096
@@ -31,7 +31,7 @@ FIRST_POSITION = 3
 #: Inode numbers a listing can show (1 is the root; the front-end names larger ones otherwise).
 INO_LIMIT = 1 << 56
 _HEAD = struct.Struct("=QQII")
-_BY_LENGTH: dict = {}
+_BY_LENGTH: Dict[int, struct.Struct] = {}
 
 
 class DirentBlock(NamedTuple):
@@ -47,7 +47,7 @@ def record(ino: int, position: int, name: bytes, mode: int) -> bytes:
     packer = _BY_LENGTH.get(length)
     if packer is None:
         packer = _BY_LENGTH[length] = struct.Struct(_HEAD.format + f"{(length + 7) & ~7}s")
-    return packer.pack(ino, position, length, stat.S_IFMT(mode) >> 12, name)  # type: ignore[no-any-return]
+    return packer.pack(ino, position, length, stat.S_IFMT(mode) >> 12, name)
 
 
 def pack_folder(rows: Sequence[Tuple[bytes, int, int]]) -> Optional[bytes]:
