@@ -263,6 +263,10 @@ def test_union_entries_are_named_by_their_union_inode_numbers(tmp_path: Path) ->
         assert ops.read(node, 0, 0, memoryview(buffer)) == 6 and buffer[:6] == b"second"
         paged = source.list_stat_rows_after("/", b"a", 2)
         assert [r[0] for r in paged or []] == [b"b", b"sym"]
+        for folder in ("/", "/b", "/a", "/top.versions"):  # names only: the same rows, narrower
+            rows = source.list_stat_rows_after(folder, None, 100) or []
+            assert source.list_name_rows_after(folder, None, 100) == [(r[0], r[1], r[7]) for r in rows], folder
+        assert source.list_name_rows_after("/top", None, 5) is None
 
 
 def test_union_entries_are_found_by_number_after_the_recent_lookups_are_forgotten(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from ..io import forks
 from ..io.readers import MemberFile
 from ..options import IndexOptions
 from . import union_cache
-from .base import FileInfo, MountSource, StatRow
+from .base import FileInfo, MountSource, NameRow, StatRow
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,8 @@ _STAT_ROWS_SQL = (
     "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev FROM entries "
     "WHERE parent = ? AND name > ? ORDER BY name LIMIT ?"
 )
+#: ``_STAT_ROWS_SQL`` with name, mode and inode number only (listings without attributes).
+_NAME_ROWS_SQL = "SELECT name, mode, ino FROM entries WHERE parent = ? AND name > ? ORDER BY name LIMIT ?"
 #: An entry's inode number in the union: its source's number above its own (below 2**40).
 INO_SHIFT = 40
 _INNER_MASK = (1 << INO_SHIFT) - 1
@@ -241,6 +243,15 @@ class UnionSource(MountSource):
             found = source.list_stat_rows(path) if limit < 0 else source.list_stat_rows_after(path, after, limit)
             return [self._shift(number, row) for row in found or []]
         return plain_mtimes(rows)  # type: ignore[return-value]
+
+    def list_name_rows_after(self, path: str, after: Optional[bytes], limit: int) -> Optional[List[NameRow]]:
+        info = self.lookup(path)
+        if info is None or not info.is_dir:
+            return None
+        rows = self._query(_NAME_ROWS_SQL, (encode(path), after or b"", limit))
+        if not rows and isinstance(info.locator, UnionLocator) and not self._children(path, 1):
+            return super().list_name_rows_after(path, after, limit)  # (from its source's rows)
+        return rows
 
     def _shift(self, number: int, row: StatRow) -> StatRow:
         """``row`` with its inode number as ``_wrap`` gives it."""
