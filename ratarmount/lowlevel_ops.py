@@ -71,7 +71,7 @@ Listed = Tuple[bytes, str, Optional[FileInfo], bytes]
 #: A folder's listing: all its entries, or a large folder's a part at a time.
 Listing = Union[List[Listed], "PagedListing[Listed]"]
 #: Marks a folder whose LOOKUP replies are not cached (too large, or entries without inodes).
-_NOT_CACHED: Dict[bytes, Tuple[int, bytes, Tuple[str, "Entry"]]] = {}
+_NOT_CACHED: Dict[bytes, Tuple[int, str, FileInfo]] = {}
 
 
 def _errno(code: int) -> OSError:
@@ -139,7 +139,7 @@ class LowLevelOperations:
         #: Nodes just handed out by LOOKUP: the READ or GETATTR that usually follows needs no query.
         self._looked_up: Dict[int, Tuple[str, Entry]] = {}
         #: LOOKUP replies of whole folders (stable, immutable sources), made for runs of lookups.
-        self._replies: "collections.OrderedDict[int, Dict[bytes, Tuple[int, bytes, Tuple[str, Entry]]]]" = (
+        self._replies: "collections.OrderedDict[int, Dict[bytes, Tuple[int, str, FileInfo]]]" = (
             collections.OrderedDict()
         )
         self._replies_lock = threading.Lock()
@@ -262,9 +262,11 @@ class LowLevelOperations:
             if replies is _NOT_CACHED:
                 return self._lookup_slow(parent, name)
             hit = replies.get(name)
-            if hit is not None:
-                self._remember(hit[0], hit[2])
-                return hit[1], hit[2][1][0]
+            if hit is not None:  # (the reply made when asked: most are never asked for, since the
+                node, path, info = hit  # prefetcher's listing answers the rest of a run)
+                attr = abi.pack_attr(info)
+                self._remember(node, (path, (info, attr)))
+                return abi.entry_out(node, attr, self._timeout), info
             if not name.endswith(VERSIONS_SUFFIX):  # pseudo entries are not listed
                 return self._negative, None
         elif self._stable and self.source.is_immutable:
@@ -339,8 +341,9 @@ class LowLevelOperations:
         recent[node] = found
 
     def _load_replies(self, parent: int) -> None:
-        """Make the LOOKUP reply of every entry of folder ``parent`` (a run of lookups there:
-        each further one, misses included, is a dictionary hit), or mark it as not cached."""
+        """Find every entry of folder ``parent`` for the LOOKUP replies of a run of lookups
+        there (each further one, misses included, is a dictionary hit), or mark it as not
+        cached."""
         path, _own = self._resolve(parent)
         limit = REPLY_FOLDER_MAX if self.prefetcher is None else max(REPLY_FOLDER_MAX, FOLDER_MAX)
         entries = self.source.list_entries_upto(path, limit + 1)
@@ -364,20 +367,14 @@ class LowLevelOperations:
 
     def _build_replies(
         self, path: str, entries: Iterable[Tuple[str, FileInfo]]
-    ) -> Optional[Dict[bytes, Tuple[int, bytes, Tuple[str, Entry]]]]:
+    ) -> Optional[Dict[bytes, Tuple[int, str, FileInfo]]]:
         prefix = "/" if path == "/" else path + "/"
-        timeout = self._timeout
-        replies: Dict[bytes, Tuple[int, bytes, Tuple[str, Entry]]] = {}
+        replies: Dict[bytes, Tuple[int, str, FileInfo]] = {}
         for name, info in entries:
             node = self._own_node(info)
             if not node or len(replies) >= REPLY_FOLDER_MAX:
                 return None  # an entry the table would name, or too large a folder
-            attr = abi.pack_attr(info)
-            replies[name.encode(ENCODING, "surrogateescape")] = (
-                node,
-                abi.entry_out(node, attr, timeout),
-                (prefix + name, (info, attr)),
-            )
+            replies[name.encode(ENCODING, "surrogateescape")] = (node, prefix + name, info)
         return replies
 
     def forget(self, node: int, count: int) -> None:
