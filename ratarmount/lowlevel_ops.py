@@ -25,6 +25,7 @@ import threading
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 from ratarmountcore.errors import RatarmountError
+from ratarmountcore.index.dirents import DirentBlock
 from ratarmountcore.index.folder_rows import RecentFolders
 from ratarmountcore.sources.base import VERSIONS_SUFFIX, FileInfo, MountSource, StatRow
 
@@ -74,6 +75,37 @@ Listing = Union[List[Listed], "PagedListing[Listed]"]
 _NOT_CACHED: Dict[bytes, Tuple[int, str, FileInfo]] = {}
 
 
+class _PackedPages:
+    """A packed listing being read: "." and ".." and the folder's records, each behind an entry
+    part naming no node (the kernel links nothing), cut into pages where the records end."""
+
+    __slots__ = ("data", "count", "_heads", "_ends", "_cuts")
+
+    def __init__(self, heads: List[bytes], block: DirentBlock) -> None:
+        records, ends, none = block.records, block.ends, abi.NO_ENTRY
+        body = none.join([records[start:end] for start, end in zip(itertools.chain((0,), ends), ends)])
+        self.data = heads[0] + heads[1] + none + body
+        self.count = len(ends) + 2
+        self._heads = (len(heads[0]), len(heads[0]) + len(heads[1]))
+        self._ends = ends
+        self._cuts: Optional[List[int]] = None
+
+    def page(self, offset: int, size: int) -> bytes:
+        """The records from position ``offset`` on that fit into ``size`` bytes."""
+        data = self.data
+        if offset == 0 and len(data) <= size:  # (most folders: one page)
+            return data
+        cuts = self._cuts
+        if cuts is None:
+            first, second = self._heads
+            step = abi.ENTRY_SIZE
+            tails = (second + end + step * count for count, end in enumerate(self._ends, 1))
+            cuts = self._cuts = [first, second, *tails]
+        start = cuts[offset - 1] if offset else 0
+        end = bisect.bisect_right(cuts, start + size)
+        return data[start : cuts[end - 1]] if end > offset else b""
+
+
 def _errno(code: int) -> OSError:
     return OSError(code, os.strerror(code))
 
@@ -111,7 +143,7 @@ class LowLevelOperations:
         self._node_listings: "collections.OrderedDict[int, Listing]" = collections.OrderedDict()
         self._node_listings_lock = threading.Lock()
         #: Packed listings being read (``_packed_page``): all records, the end of each.
-        self._packed: "collections.OrderedDict[int, Tuple[bytes, List[int]]]" = collections.OrderedDict()
+        self._packed: "collections.OrderedDict[int, _PackedPages]" = collections.OrderedDict()
         #: Whether the kernel lets lookups and listings of one folder run at the same time
         #: (``parallel_dirops.py``); only then may a lookup wait for a listing of its folder.
         self.parallel_dirops = False
@@ -531,30 +563,17 @@ class LowLevelOperations:
             block = self.source.list_dirents(path)
             if block is None:
                 return None
-            head = [item[3] for item in self._listing_head(path, own)]
-            # Each record behind an entry part naming no node (the kernel links nothing).
-            records, ends, none = block.records, block.ends, abi.NO_ENTRY
-            body = none.join([records[start:end] for start, end in zip(itertools.chain((0,), ends), ends)])
-            first = len(head[0])
-            second = first + len(head[1])
-            size_of_none = len(none)
-            packed = (
-                head[0] + head[1] + none + body,
-                [first, second, *(second + end + size_of_none * count for count, end in enumerate(ends, 1))],
-            )
+            packed = _PackedPages([item[3] for item in self._listing_head(path, own)], block)
             with self._node_listings_lock:
                 self._packed[node] = packed
                 while len(self._packed) > NODE_LISTINGS_MAX:
                     self._packed.popitem(last=False)
             self._mark_names_only(node)
-        data, ends = packed
-        if offset >= len(ends):  # the page after the last one
+        if offset >= packed.count:  # the page after the last one
             with self._node_listings_lock:
                 self._packed.pop(node, None)
             return b""
-        start = ends[offset - 1] if offset else 0
-        end = bisect.bisect_right(ends, start + size)
-        return data[start : ends[end - 1]] if end > offset else b""
+        return packed.page(offset, size)
 
     def _row_records(
         self, path: str, after: Optional[bytes], limit: int, index: int, node: int, prefix: str, full: bool
