@@ -1339,8 +1339,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         },
         "archives": archives,
         "ours_source": (
-            f"snapshot of commit {snapshot['description']} (git archive, run as "
-            f"{os.path.relpath(args.ours_cmd, REPO)})"
+            f"snapshot of commit {snapshot['description']} (git archive, run as {os.path.relpath(args.ours_cmd, REPO)})"
             if snapshot
             else f"working tree: {bt.git_description()}"
             + (f" (pip-installed, run as {os.path.relpath(args.ours_cmd, REPO)})" if args.ours_cmd else "")
