@@ -33,6 +33,7 @@ from tarcompare import (
 )
 
 import ratarmountcore
+from ratarmountcore.index import dirents
 from ratarmountcore.sources.base import MountSource
 
 # The reference is tar -x restoring owners, modes (setuid, 0o000 files readable) and devices:
@@ -278,6 +279,19 @@ def test_api_matches_tar_extraction(tree: Tree) -> None:
                     first = src.list_stat_rows_after(folder, None, 2) or []
                     rest = src.list_stat_rows_after(folder, first[-1][0], 10**6) or [] if len(first) == 2 else []
                     assert first + rest == sorted(rows or [], key=lambda row: row[0]), f"{archive.name}: {folder}"
+                    # Names only (listings without attributes), and the index's packed listing of a
+                    # folder of files: the same entries, positions, inode numbers and types.
+                    in_order = sorted(rows or [], key=lambda row: row[0])
+                    names = src.list_name_rows_after(folder, None, 10**6)
+                    assert names == [(r[0], r[1], r[7]) for r in in_order], f"{archive.name}: {folder}"
+                    block = src.list_dirents(folder)
+                    packable = 0 < len(in_order) <= dirents.MAX_ENTRIES and all(
+                        not stat.S_ISDIR(r[1]) and 1 < r[7] < dirents.INO_LIMIT for r in in_order
+                    )
+                    assert (block is not None) == packable, f"{archive.name}: {folder}"
+                    if block is not None:
+                        records = [dirents.record(r[7], i, r[0], r[1]) for i, r in enumerate(in_order, 3)]
+                        assert block.records == b"".join(records), f"{archive.name}: {folder}"
             compare_trees(expected, actual, implicit, check_root="/" not in implicit, label=archive.name)
 
 
