@@ -41,12 +41,16 @@ class DirentBlock(NamedTuple):
     records: bytes
 
 
+def _new_packer(length: int) -> struct.Struct:
+    """The packer of records whose name is ``length`` bytes long (made once per length)."""
+    packer = _BY_LENGTH[length] = struct.Struct(_HEAD.format + f"{(length + 7) & ~7}s")
+    return packer
+
+
 def record(ino: int, position: int, name: bytes, mode: int) -> bytes:
     """One directory record, padded to 8 bytes (``pack_folder`` makes them inline)."""
     length = len(name)
-    packer = _BY_LENGTH.get(length)
-    if packer is None:
-        packer = _BY_LENGTH[length] = struct.Struct(_HEAD.format + f"{(length + 7) & ~7}s")
+    packer = _BY_LENGTH.get(length) or _new_packer(length)
     return packer.pack(ino, position, length, stat.S_IFMT(mode) >> 12, name)
 
 
@@ -64,9 +68,7 @@ def pack_folder(rows: Sequence[Tuple[bytes, int, int]]) -> Optional[bytes]:
         if kind == 4 or not 1 < ino < INO_LIMIT:  # a folder, or no inode number of its own
             return None
         length = len(name)
-        packer = packers.get(length)
-        if packer is None:
-            packer = packers[length] = struct.Struct(_HEAD.format + f"{(length + 7) & ~7}s")
+        packer = packers.get(length) or _new_packer(length)
         add(packer.pack(ino, position, length, kind, name))
         position += 1
     ends = array.array("I", itertools.accumulate(map(len, records)))

@@ -47,11 +47,10 @@ _LIST_STATS = (
 LIST_STATS_SQL = _LIST_STATS + " AND name != x'' ORDER BY name, id"
 #: ``LIST_STATS_SQL`` a part at a time: the rows after a name (names of the latest rows of one
 #: folder are unique, so the name alone says where the last part ended).
-LIST_STATS_AFTER_SQL = _LIST_STATS + " AND name > ? ORDER BY name, id LIMIT ?"
+_AFTER = " AND name > ? ORDER BY name, id LIMIT ?"
+LIST_STATS_AFTER_SQL = _LIST_STATS + _AFTER
 #: ``LIST_STATS_AFTER_SQL`` with name, mode and inode number only (half the time per row).
-LIST_NAMES_AFTER_SQL = (
-    "SELECT name, mode, ino + 1 FROM files WHERE parent = ? AND latest = 1 AND name > ? ORDER BY name, id LIMIT ?"
-)
+LIST_NAMES_AFTER_SQL = "SELECT name, mode, ino + 1 FROM files WHERE parent = ? AND latest = 1" + _AFTER
 
 #: Build options that indexes written before they existed were built with.
 OPTION_DEFAULTS = {"strip_tar_extension": "0"}

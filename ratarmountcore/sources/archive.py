@@ -250,6 +250,8 @@ class ArchiveSource(RenewedAfterFork, MountSource):
         return self._index.list_names_after(encode(path), after or b"", limit)
 
     def list_dirents(self, path: str) -> Optional[DirentBlock]:
+        if self._generation != forks.generation:  # (the only method here reading no lookup first)
+            self._renew()
         found = self._index.dirents(encode(path))
         return None if found is None else dirents.unpack(*found)
 
