@@ -57,6 +57,22 @@ def entry_out(node: int, attr: bytes, timeout: int) -> bytes:
     return _ENTRY_HEAD.pack(node, 0, timeout, timeout, 0, 0) + attr
 
 
+#: struct fuse_entry_out with its fuse_attr, in one call
+_ENTRY = struct.Struct(_ENTRY_HEAD.format + _ATTR.format[1:])
+
+
+def entry_out_of(
+    node: int, timeout: int, ino: int, mode: int, size: int, mtime_ns: int, uid: int, gid: int, nlink: int, rdev: int
+) -> bytes:
+    """``entry_out`` from plain fields (a ``StatRow``'s), the attributes as ``pack_attr`` makes them."""
+    seconds, nanoseconds = divmod(mtime_ns, 1_000_000_000)
+    return _ENTRY.pack(
+        node, 0, timeout, timeout, 0, 0,
+        ino, size, (size + 511) // 512, seconds, seconds, seconds, nanoseconds, nanoseconds, nanoseconds,
+        mode, nlink, uid, gid, rdev, 4096, 0,
+    )  # fmt: skip
+
+
 NEGATIVE_ATTR = bytes(ATTR_SIZE)
 #: The entry part of a READDIRPLUS record that names no node (node id 0: the kernel lists the
 #: name and links nothing).

@@ -72,7 +72,7 @@ Listed = Tuple[bytes, str, Optional[FileInfo], bytes]
 #: A folder's listing: all its entries, or a large folder's a part at a time.
 Listing = Union[List[Listed], "PagedListing[Listed]"]
 #: Marks a folder whose LOOKUP replies are not cached (too large, or entries without inodes).
-_NOT_CACHED: Dict[bytes, Tuple[int, str, FileInfo]] = {}
+_NOT_CACHED: Dict[bytes, StatRow] = {}
 
 
 class _PackedPages:
@@ -125,8 +125,8 @@ class LowLevelOperations:
         self._handed_over = 0
         #: Sizes of the folders whose replies were made (by path), counted up to FOLDER_MAX + 1.
         self._folder_sizes: "collections.OrderedDict[str, int]" = collections.OrderedDict()
-        #: The entries of the folder whose replies were made last (complete), for its listing.
-        self._run_entries: Tuple[int, List[Tuple[str, FileInfo]]] = (0, [])
+        #: The rows of the folder whose replies were made last (complete), for its listing.
+        self._run_rows: Tuple[int, List[StatRow]] = (0, [])
         # Sources with stable, unique inode numbers name their entries themselves (node id =
         # inode number, nothing to remember); entries without one, and all entries of other
         # sources, get ids from the table.
@@ -170,10 +170,8 @@ class LowLevelOperations:
         )
         #: Nodes just handed out by LOOKUP: the READ or GETATTR that usually follows needs no query.
         self._looked_up: Dict[int, Tuple[str, Entry]] = {}
-        #: LOOKUP replies of whole folders (stable, immutable sources), made for runs of lookups.
-        self._replies: "collections.OrderedDict[int, Dict[bytes, Tuple[int, str, FileInfo]]]" = (
-            collections.OrderedDict()
-        )
+        #: The rows of whole folders by name (stable, immutable sources), read for runs of lookups.
+        self._replies: "collections.OrderedDict[int, Dict[bytes, StatRow]]" = collections.OrderedDict()
         self._replies_lock = threading.Lock()
         self._reply_count = 0
         self._recent_parents = RecentFolders()
@@ -265,9 +263,9 @@ class LowLevelOperations:
             self._busy.discard(me)
 
     def _answer_lookup(self, parent: int, name: bytes) -> bytes:
-        reply, info = self._lookup(parent, name)
         in_run = parent == self._last_parent
         self._last_parent = parent
+        reply, info = self._lookup(parent, name, in_run)
         if in_run:
             listed = self._follow_run(parent, name)
             if listed is not None:
@@ -287,24 +285,27 @@ class LowLevelOperations:
             self.source.will_read(info)
         return reply
 
-    def _lookup(self, parent: int, name: bytes) -> Tuple[bytes, Optional[FileInfo]]:
-        """The LOOKUP reply, with the entry's metadata when it exists."""
+    def _lookup(self, parent: int, name: bytes, in_run: bool = False) -> Tuple[bytes, Optional[FileInfo]]:
+        """The LOOKUP reply, with the entry's metadata when it exists (or, in a run of lookups
+        in one folder, None when the reply was made from the folder's rows)."""
         replies = self._replies.get(parent)
         if replies is not None:
             if replies is _NOT_CACHED:
                 return self._lookup_slow(parent, name)
-            hit = replies.get(name)
-            if hit is not None:  # (the reply made when asked: most are never asked for, since the
-                node, path, info = hit  # prefetcher's listing answers the rest of a run)
-                attr = abi.pack_attr(info)
-                self._remember(node, (path, (info, attr)))
-                return abi.entry_out(node, attr, self._timeout), info
+            row = replies.get(name)
+            if row is not None:
+                _name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev = row
+                if not in_run and stat.S_ISREG(mode):  # (a random open: its data is asked for next)
+                    return self._lookup_slow(parent, name)
+                # (The reply is made when asked: most never are, since the prefetcher's listing
+                # answers the rest of a run in the kernel.)
+                return abi.entry_out_of(ino, self._timeout, ino, mode, size, mtime_ns, uid, gid, nlink, rdev), None
             if not name.endswith(VERSIONS_SUFFIX):  # pseudo entries are not listed
                 return self._negative, None
         elif self._stable and self.source.is_immutable:
             if self._recent_parents.again(parent):
                 self._load_replies(parent)
-                return self._lookup(parent, name)
+                return self._lookup(parent, name, in_run)
         return self._lookup_slow(parent, name)
 
     def _follow_run(self, parent: int, name: bytes) -> Optional[threading.Event]:
@@ -373,20 +374,28 @@ class LowLevelOperations:
         recent[node] = found
 
     def _load_replies(self, parent: int) -> None:
-        """Find every entry of folder ``parent`` for the LOOKUP replies of a run of lookups
-        there (each further one, misses included, is a dictionary hit), or mark it as not
-        cached."""
+        """Read the rows of folder ``parent`` for a run of lookups there: its names answer the
+        misses among them, its size tells the prefetcher what to list, and its rows make the
+        prefetcher's listing; or mark it as not cached."""
         path, _own = self._resolve(parent)
         limit = REPLY_FOLDER_MAX if self.prefetcher is None else max(REPLY_FOLDER_MAX, FOLDER_MAX)
-        entries = self.source.list_entries_upto(path, limit + 1)
-        replies = self._build_replies(path, entries) if entries is not None else None
+        # (In the order of the folder's other listings: a listing is continued by offset.)
+        if self._paged:
+            rows = self.source.list_stat_rows_after(path, None, limit + 1)
+        else:
+            rows = self.source.list_stat_rows(path)
+            rows = None if rows is None else rows[: limit + 1]
+        numbered = rows is not None and all(1 < row[7] < STABLE_LIMIT for row in rows)
+        replies = {row[0]: row for row in rows} if rows is not None and numbered else None
+        if replies is not None and len(replies) > REPLY_FOLDER_MAX:
+            replies = None  # too large a folder: looked up entry by entry
         with self._replies_lock:
-            if entries is not None and self.prefetcher is not None:
-                self._folder_sizes[path] = len(entries)
+            if rows is not None and self.prefetcher is not None:
+                self._folder_sizes[path] = len(rows)
                 if len(self._folder_sizes) > REPLY_FOLDERS_MAX:
                     self._folder_sizes.popitem(last=False)
-                if len(entries) <= limit:  # complete: the listing the prefetch asks for next
-                    self._run_entries = (parent, entries)
+                if numbered and len(rows) <= limit:  # complete: the listing the prefetch asks for next
+                    self._run_rows = (parent, rows)
             self._reply_count -= len(self._replies.pop(parent, ()))  # made twice by two threads
             self._replies[parent] = _NOT_CACHED if replies is None else replies
             self._reply_count += len(replies or ())
@@ -396,18 +405,6 @@ class LowLevelOperations:
             while len(self._replies) > REPLY_FOLDERS_MAX:  # markers of folders not cached
                 _, old = self._replies.popitem(last=False)
                 self._reply_count -= len(old)
-
-    def _build_replies(
-        self, path: str, entries: Iterable[Tuple[str, FileInfo]]
-    ) -> Optional[Dict[bytes, Tuple[int, str, FileInfo]]]:
-        prefix = "/" if path == "/" else path + "/"
-        replies: Dict[bytes, Tuple[int, str, FileInfo]] = {}
-        for name, info in entries:
-            node = self._own_node(info)
-            if not node or len(replies) >= REPLY_FOLDER_MAX:
-                return None  # an entry the table would name, or too large a folder
-            replies[name.encode(ENCODING, "surrogateescape")] = (node, prefix + name, info)
-        return replies
 
     def forget(self, node: int, count: int) -> None:
         self.nodes.forget(node, count)
@@ -473,13 +470,14 @@ class LowLevelOperations:
 
     def _make_listing(self, node: int, full: bool = True) -> Listing:
         path, own = self._resolve(node)
-        run_folder, run_entries = self._run_entries
+        run_folder, run_rows = self._run_rows
         prefix = "/" if path == "/" else path + "/"
         records: Optional[List[Listed]] = None
         chunked = False
+        entries: Optional[Iterable[Tuple[str, FileInfo]]] = ()
         if run_folder == node:  # listed for a run of lookups: its rows were just read
-            self._run_entries = (0, [])
-            entries: Optional[Iterable[Tuple[str, FileInfo]]] = run_entries
+            self._run_rows = (0, [])
+            records = self._records_of_rows(run_rows, 2, node, prefix, full)
         elif self._stable and self.source.lists_by_number(own[0]):
             # Every entry named by its own inode number: records straight from plain rows
             # (a folder of 100 files listed in 0.14 instead of 0.31 ms, most of a `find`); a
