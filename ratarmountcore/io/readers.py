@@ -259,6 +259,10 @@ class MemberFile(io.RawIOBase):
         self._pos = 0
         self.name = name
         self._lock = threading.Lock()
+        #: Whether the member is sparse: its data is the extents, with zeros between them -- all
+        #: zeros when it has none (a map of no extents; reading from ``data_offset`` would serve
+        #: the next member's bytes).
+        self._sparse = sparse is not None
         if sparse is not None:
             self._starts = [start for start, _ in sparse]
             self._extents = list(sparse)
@@ -307,7 +311,7 @@ class MemberFile(io.RawIOBase):
         if self._guard is not None:
             self._guard()
         size = min(size, self._size - offset)
-        if not self._extents:
+        if not self._sparse:
             data = self._reader.pread(self._offset + offset, size)
             if len(data) != size:
                 raise OSError(f"short read from archive at offset {self._offset + offset}")
@@ -323,7 +327,7 @@ class MemberFile(io.RawIOBase):
         if self._guard is not None:
             self._guard()
         size = min(len(view), self._size - offset)
-        if self._extents:
+        if self._sparse:
             data = self._pread_sparse(offset, size)
             view[:size] = data
             return size

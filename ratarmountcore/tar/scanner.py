@@ -67,6 +67,10 @@ _SIZE_MAX = (1 << 63) - 1  # off_t
 
 #: Type flags that ``_make_simple_record`` handles when no extended header precedes them.
 _SIMPLE = frozenset((b"0", b"\0", b"7", b"1", b"2", b"5"))
+#: Type flags never followed by data, whatever their size field says: GNU tar (listing and
+#: extracting) and Python's tarfile read the next block as a header after a directory or a hard
+#: link. Skipping ``size`` bytes there would hide the members those bytes hold.
+_NO_DATA = frozenset((b"1", b"5"))
 
 #: The header fields the fast path needs: name, mode, uid, gid, size, mtime, chksum, typeflag,
 #: linkname, magic, (version, uname, gname, devmajor, devminor skipped), prefix.
@@ -116,20 +120,25 @@ def _cstr(field: bytes) -> bytes:
     return field if end < 0 else field[:end]
 
 
+#: An octal number field as GNU tar reads it: leading spaces, octal digits, then a space or NUL
+#: (or the field's end); what follows is ignored. (``int(text, 8)`` alone also took "0o3",
+#: "1_1" and "+3", which GNU tar rejects or reads otherwise.)
+_OCTAL_FIELD = re.compile(rb" *([0-7]*)(?:[ \0]|\Z)")
+#: The bytes of well-formed octal fields (the fast path checks the five numeric fields at once).
+_OCTAL_BYTES = b"01234567 \0"
+
+
 def parse_number(field: bytes, what: str, offset: int) -> int:
     """Octal (space/NUL terminated) or GNU base-256 number field."""
     if field and field[0] & 0x80:
         if field[0] == 0xFF:
             return int.from_bytes(field, "big", signed=True)
         return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
-    end = field.find(b"\0")
-    text = field if end < 0 else field[:end]
-    try:
-        return int(text, 8)  # the common case: digits, maybe with surrounding spaces
-    except ValueError:
-        if not text.strip(b" "):
-            return 0
-        raise CorruptHeaderError(f"invalid {what} field {field!r} in tar header at offset {offset}") from None
+    match = _OCTAL_FIELD.match(field)
+    if match is None:
+        raise CorruptHeaderError(f"invalid {what} field {field!r} in tar header at offset {offset}")
+    digits = match.group(1)
+    return int(digits, 8) if digits else 0
 
 
 _PAX_TIME = re.compile(r"(-?)([0-9]+)(?:\.([0-9]*))?")
@@ -284,7 +293,7 @@ class TarScanner:
                     unpack_header(block)
                 )
                 record = None
-                if typeflag in _SIMPLE:
+                if typeflag in _SIMPLE and not block[100:148].translate(None, _OCTAL_BYTES):
                     try:
                         if block.isascii():  # tar_header_checksum_ok's fast case, inlined
                             stored = int(f_chksum.replace(b"\0", b" "), 8)
@@ -333,7 +342,7 @@ class TarScanner:
                             pos + BLOCK,
                         )
                 if record is not None:
-                    data_end = pos + BLOCK + size
+                    data_end = pos + BLOCK + (size if typeflag not in _NO_DATA else 0)
                     if data_end > last_data_end:
                         last_data_end = data_end
                     pos = data_end + (-data_end & (BLOCK - 1))
@@ -383,6 +392,8 @@ class TarScanner:
                 record, data_end = self._make_simple_record(block, pos, size, typeflag)
             else:
                 record, data_end = self._make_record(block, pos, header_start, size, long_name, long_link, pax)
+            if typeflag in _NO_DATA:
+                data_end = pos + BLOCK  # (whatever the size field says)
             long_name = long_link = pax = None
             header_start = None
             last_data_end = max(last_data_end, data_end)

@@ -1,0 +1,109 @@
+"""Headers that are legal but unusual, or malformed in ways GNU tar notices: what they hold must be
+what GNU tar reads, and a field GNU tar rejects must not be read as some other number."""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+
+import pytest
+from tarcompare import FRESH, check_archive_against_tar
+
+import ratarmountcore
+from ratarmountcore.errors import CorruptHeaderError
+
+BLOCK = 512
+
+
+def _checksummed(header: bytearray) -> bytes:
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    return bytes(header)
+
+
+def _member(name: str, data: bytes, fmt: int = tarfile.USTAR_FORMAT) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = 1_000_000
+    return info.tobuf(format=fmt) + data.ljust(-(-len(data) // BLOCK) * BLOCK, b"\0")
+
+
+def test_a_sparse_member_without_extents_reads_as_zeros(tmp_path: Path) -> None:
+    """An old GNU sparse member whose map lists no extent is all hole: reading it must give
+    zeros, not the bytes that follow its header (the next member's header and data)."""
+    header = bytearray(BLOCK)
+    header[0:6] = b"sparse"
+    header[100:108] = b"0000644\0"
+    header[108:116] = header[116:124] = b"0000000\0"
+    header[124:136] = b"%011o\0" % 0  # nothing stored
+    header[136:148] = b"%011o\0" % 1000
+    header[156:157] = b"S"
+    header[257:265] = b"ustar  \0"
+    header[483:495] = b"%011o\0" % 1024  # the file's size: 1,024 bytes of hole
+    secret = b"next member " * 60
+    archive = tmp_path / "sparse.tar"
+    archive.write_bytes(_checksummed(header) + _member("secret.txt", secret, tarfile.GNU_FORMAT) + bytes(2 * BLOCK))
+    with ratarmountcore.open(str(archive), FRESH) as src:
+        assert src.stat("/sparse").st_size == 1024
+        with src.open("/sparse") as f:
+            assert f.read() == bytes(1024)
+            member = f.raw  # (the reads FUSE makes)
+            view = memoryview(bytearray(1100))
+            assert member.preadinto(0, view) == 1024
+            assert bytes(view[:1024]) == bytes(1024)
+            assert member.pread(1000, 100) == bytes(24)
+        with src.open("/secret.txt") as f:
+            assert f.read() == secret
+
+
+@pytest.mark.parametrize("typeflag", [tarfile.DIRTYPE, tarfile.LNKTYPE])
+def test_a_size_on_a_folder_or_hard_link_header_is_not_data(tmp_path: Path, typeflag: bytes) -> None:
+    """GNU tar and Python's tarfile read the block after a folder's or hard link's header as the
+    next header, whatever its size field says: a member stored there is a member."""
+    target = _member("target", b"T")
+    info = tarfile.TarInfo("m")
+    info.type = typeflag
+    info.linkname = "target" if typeflag == tarfile.LNKTYPE else ""
+    info.mtime = 1_000_000
+    hidden = _member("inner", b"smuggled")
+    header = bytearray(info.tobuf(format=tarfile.USTAR_FORMAT))
+    header[124:136] = b"%011o\0" % len(hidden)
+    archive = tmp_path / "sized.tar"
+    archive.write_bytes(target + _checksummed(header) + hidden + bytes(2 * BLOCK))
+    with tarfile.open(archive) as tar:
+        assert "inner" in tar.getnames()
+    check_archive_against_tar(archive, tmp_path)
+    with ratarmountcore.open(str(archive), FRESH) as src:
+        with src.open("/inner") as f:
+            assert f.read() == b"smuggled"
+
+
+@pytest.mark.parametrize("field", [b"0o3", b"1_1", b"+3", b"-3", b"3x"])
+def test_number_fields_gnu_tar_rejects_are_errors(tmp_path: Path, field: bytes) -> None:
+    """Python's ``int(text, 8)`` reads "0o3" and "1_1" as numbers; GNU tar rejects them (and
+    reads "+3" as an obsolete base-64 encoding no tar writes today): a clear error, never a size
+    guessed from them."""
+    header = bytearray(tarfile.TarInfo("f").tobuf(format=tarfile.USTAR_FORMAT))
+    header[124:136] = field.ljust(12, b"\0")
+    archive = tmp_path / "octal.tar"
+    archive.write_bytes(_checksummed(header) + b"abc".ljust(BLOCK, b"\0") + bytes(2 * BLOCK))
+    with pytest.raises(CorruptHeaderError, match="invalid size field"):
+        ratarmountcore.open(str(archive), FRESH)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["octal.tar"]  # no index left behind
+
+
+@pytest.mark.parametrize(
+    ("field", "size"), [(b"  3 \0", 3), (b"00000000003\0", 3), (b"3 7\0", 3), (b"\0" * 12, 0), (b" " * 12, 0)]
+)
+def test_number_fields_gnu_tar_accepts(tmp_path: Path, field: bytes, size: int) -> None:
+    """Leading spaces, and a space or NUL after the digits (what follows it is ignored), as GNU
+    tar reads them. An empty field is read as zero (GNU tar calls it an error)."""
+    header = bytearray(tarfile.TarInfo("f").tobuf(format=tarfile.USTAR_FORMAT))
+    header[124:136] = field.ljust(12, b"\0")
+    archive = tmp_path / "octal.tar"
+    data = b"abc".ljust(BLOCK, b"\0") if size else b""
+    archive.write_bytes(_checksummed(header) + data + bytes(2 * BLOCK))
+    if size:
+        check_archive_against_tar(archive, tmp_path)
+    with ratarmountcore.open(str(archive), FRESH) as src:
+        assert src.stat("/f").st_size == size
