@@ -128,8 +128,9 @@ def snapshot_source(src: MountSource, skip_content: Iterable[str] = ()) -> Dict[
     return result
 
 
-def explicit_members(archive: os.PathLike) -> Set[str]:
-    """Normalized paths of the members actually stored in ``archive`` (``tar -t``)."""
+def explicit_members(archive: os.PathLike, folders_only: bool = False) -> Set[str]:
+    """Normalized paths of the members actually stored in ``archive`` (``tar -t``), or of its
+    folder members only (listed with a slash at the end)."""
     result = subprocess.run(["tar", "--quoting-style=escape", "-tf", os.fspath(archive)], capture_output=True)
     assert result.returncode in (0, 2), result.stderr  # 2: e.g. malformed pax records, reported
     out = result.stdout
@@ -138,6 +139,8 @@ def explicit_members(archive: os.PathLike) -> Set[str]:
         if not line:
             continue
         raw = _unescape(line)
+        if folders_only and not raw.endswith(b"/"):
+            continue
         parts = [p for p in raw.split(b"/") if p not in (b"", b".")]
         names.add("/" + os.fsdecode(b"/".join(parts)) if parts else "/")
     return names
@@ -241,7 +244,9 @@ def compare_trees(
 
 
 def implicit_dirs_of(archive: os.PathLike, extracted: Dict[str, Entry]) -> Set[str]:
-    members = explicit_members(archive)
+    """The folders ``tar -x`` made for members below them: no folder member has their name
+    (a file member may, when the folder came first and kept its place)."""
+    members = explicit_members(archive, folders_only=True)
     return {p for p, e in extracted.items() if e.kind == "d" and p not in members}
 
 

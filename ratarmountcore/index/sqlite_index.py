@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..errors import InvalidIndexError, StaleIndexError
 from ..tar.scanner import KIND_DIR, KIND_HARDLINK, MemberRecord
-from . import dirents
+from . import dirents, extraction_order
 from .fingerprint import ArchiveStats
 from .pool import ConnectionPool, read_only_uri
 
@@ -184,6 +184,8 @@ class IndexWriter:
         self._last_parent = ""
         self._last_parent_bytes = b""
         self._has_hardlinks = False
+        #: Rows of folders that stand for archives inside the archive (``-r``).
+        self._archive_folders: Set[int] = set()
         self._count = 0
         self._committed = False
 
@@ -284,6 +286,12 @@ class IndexWriter:
         self._count += 1
         return row_id
 
+    def add_archive_folder(self, record: MemberRecord, source: int = 0) -> int:
+        """``add`` for the folder that shows an archive inside the archive (``-r``)."""
+        row_id = self.add(record, source)
+        self._archive_folders.add(row_id)
+        return row_id
+
     def _flush(self) -> None:
         if self._simple_batch:
             self._conn.executemany(
@@ -326,17 +334,27 @@ class IndexWriter:
         for statement in script.split(";"):
             if statement.strip():
                 conn.execute(statement)
-        self._add_implicit_dirs(implicit_dir_mtime_ns, implicit_uid, implicit_gid)
+        implicit = self._implicit_dirs()  # (None: one of them is a file, link or device)
         if self._has_hardlinks:
             # Before marking overwritten rows: a link that tar cannot create is dropped, and the
             # older member of the same name stays visible (as it does on disk after tar -x).
             self._resolve_hardlinks()
-        # Any path twice (members appended again, a folder implied where a file is)? Asked of the
-        # index rather than remembered during the scan: a set of every path costs ~100 bytes a
-        # member of peak memory, the query a few milliseconds per 100,000 rows.
-        duplicates = "SELECT 1 FROM files GROUP BY parent, name HAVING COUNT(*) > 1 LIMIT 1"
-        if conn.execute(duplicates).fetchone() is not None:  # else every row is the latest one
-            self._mark_overwritten()
+        # Any path twice (members appended again)? Asked of the index rather than remembered
+        # during the scan: a set of every path costs ~100 bytes a member of peak memory, the
+        # query a few milliseconds per 100,000 rows. A path that is a folder in one member and
+        # not in another, or a file where a folder is implied, needs the extraction replayed.
+        duplicates = None
+        if implicit is not None:  # (the implicit folders' names have no row: no duplicates)
+            duplicates = conn.execute(
+                "SELECT MIN(kind = 'd') = MAX(kind = 'd') FROM files GROUP BY parent, name HAVING COUNT(*) > 1 "
+                "ORDER BY 1 LIMIT 1"
+            ).fetchone()  # (sorted: a conflict first)
+        if implicit is None or (duplicates is not None and not duplicates[0]):
+            self._replay_extraction(implicit_dir_mtime_ns, implicit_uid, implicit_gid)
+        else:
+            self._insert_implicit_dirs(implicit, implicit_dir_mtime_ns, implicit_uid, implicit_gid)
+            if duplicates is not None:  # else every row is the latest one
+                self._mark_overwritten()
         if self._has_hardlinks:
             self._count_hardlinks()
         self._count_dir_links()
@@ -373,22 +391,48 @@ class IndexWriter:
             except FileNotFoundError:
                 pass
 
-    def _add_implicit_dirs(self, mtime_ns: int, uid: int, gid: int) -> None:
-        missing = sorted(self._ancestors - self._explicit_dirs)
-        rows = []
-        for path in missing:
+    def _implicit_dirs(self) -> Optional[List[Tuple[bytes, bytes]]]:
+        """(parent, name) of the folders implied by members below them that have no member of
+        their own, or None when a file, link or device has one of their names."""
+        query = "SELECT kind FROM files WHERE parent = ? AND name = ?"
+        made = []
+        for path in sorted(self._ancestors - self._explicit_dirs):
             parent, name = split_path(path)
-            exists = self._conn.execute(
-                "SELECT 1 FROM files WHERE parent = ? AND name = ? AND kind = 'd' LIMIT 1", (parent, name)
-            ).fetchone()
-            if exists is None:
-                row_id = self._next_id
-                self._next_id += 1
-                rows.append((row_id, parent, name, "d", 0o40755, 0, mtime_ns, uid, gid, row_id, IMPLICIT, 0))
+            kinds = {row[0] for row in self._conn.execute(query, (parent, name))}
+            if kinds - {KIND_DIR}:
+                return None
+            if not kinds:
+                made.append((parent, name))
+        return made
+
+    def _insert_implicit_dirs(self, paths: Iterable[Tuple[bytes, bytes]], mtime_ns: int, uid: int, gid: int) -> None:
+        rows = []
+        for parent, name in paths:
+            row_id = self._next_id
+            self._next_id += 1
+            rows.append((row_id, parent, name, "d", 0o40755, 0, mtime_ns, uid, gid, row_id, IMPLICIT, 0))
         self._conn.executemany(
             "INSERT INTO files (id, parent, name, kind, mode, size, mtime_ns, uid, gid, ino, offset_header, "
             "offset_data) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             rows,
+        )
+
+    def _replay_extraction(self, mtime_ns: int, uid: int, gid: int) -> None:
+        """Folders and other members share a name: mark what ``tar -x`` leaves in place as the
+        latest rows, and make the folders it would make (``extraction_order.py``)."""
+        conn = self._conn
+        logger.warning(
+            "%s: some names are folders in one member and files, links or devices in another; "
+            "showing what tar -x leaves in place",
+            self._meta.get("archive_path", "the archive"),
+        )
+        rows = conn.execute("SELECT id, parent, name, kind = 'd' FROM files ORDER BY id")
+        archives = self._archive_folders
+        kept, made = extraction_order.replay((i, parent, name, bool(d), i in archives) for i, parent, name, d in rows)
+        conn.execute("UPDATE files SET latest = 0")
+        conn.executemany("UPDATE files SET latest = 1 WHERE id = ?", ((row_id,) for row_id in sorted(kept)))
+        self._insert_implicit_dirs(
+            ((path.rpartition(b"/")[0] or b"/", path.rpartition(b"/")[2]) for path in made), mtime_ns, uid, gid
         )
 
     def _mark_overwritten(self) -> None:

@@ -168,7 +168,7 @@ def _scan(
         fmt = sniff_bytes(head)
         if fmt is FormatId.TAR and record.size >= 2 * BLOCK and head != b"\0" * BLOCK:
             folder = _as_folder(record, ctx.strip)
-            ctx.writer.add(folder, source)
+            ctx.writer.add_archive_folder(folder, source)
             ctx.count += 1
             ctx.archives += 1
             inner = WindowReader(reader, record.offset_data - base, record.size)
@@ -212,7 +212,7 @@ def _index_compressed_member(ctx: _Context, record: MemberRecord, fmt: FormatId,
             ctx.writer.add(record, source)
             ctx.count += 1
             return
-        folder_id = ctx.writer.add(_as_folder(record), source)
+        folder_id = ctx.writer.add_archive_folder(_as_folder(record), source)
         ctx.archives += 1
         ctx.count += 1
         ctx.writer.add_nested_archive(folder_id, record.offset_data, record.size, fmt.value)

@@ -1,0 +1,123 @@
+"""Names that are folders in one member and files (links, devices) in another: the tree shown is
+what ``tar -x`` leaves in place, which depends on the members' order (``extraction_order.py``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import tarfile
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tarcompare import (
+    FRESH,
+    Entry,
+    check_archive_against_tar,
+    compare_trees,
+    snapshot_dir,
+    snapshot_source,
+    tar_extract,
+)
+
+import ratarmountcore
+from ratarmountcore.index.extraction_order import replay
+
+#: (name, kind): "f" a file, "d" a folder, "h" a hard link to "t", "s" a symlink to "t"
+Member = Tuple[str, str]
+
+
+def _write(archive: Path, members: List[Member]) -> None:
+    with tarfile.open(archive, "w", format=tarfile.GNU_FORMAT) as tar:
+        for i, (name, kind) in enumerate(members):
+            info = tarfile.TarInfo(name)
+            info.mtime = 1_000_000 + i
+            info.mode = 0o750 if kind == "d" else 0o640
+            data = b""
+            if kind == "d":
+                info.type = tarfile.DIRTYPE
+            elif kind == "h":
+                info.type, info.linkname = tarfile.LNKTYPE, "t"
+            elif kind == "s":
+                info.type, info.linkname = tarfile.SYMTYPE, "t"
+            else:
+                data = f"{name}#{i}".encode()
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_the_replay_keeps_what_tar_leaves_in_place() -> None:
+    def kept(*rows: Tuple[str, bool]) -> Tuple[List[int], List[bytes]]:
+        members = []
+        for i, (path, is_dir) in enumerate(rows, start=1):
+            parent, _, name = path.rpartition("/")
+            members.append((i, (parent or "/").encode(), name.encode(), is_dir, False))
+        ids, made = replay(members)
+        return sorted(ids), sorted(made)
+
+    assert kept(("/a", True), ("/a/b", False), ("/a", False)) == ([1, 2], [])  # a folder with entries stays
+    assert kept(("/a", True), ("/a", False)) == ([2], [])  # an empty one is replaced
+    assert kept(("/a", False), ("/a/b", False)) == ([1], [])  # nothing below a file
+    assert kept(("/a", False), ("/a", True), ("/a/b", False)) == ([2, 3], [])  # a folder replaces a file
+    assert kept(("/a/b/c", False), ("/a/b", False)) == ([1], [b"/a", b"/a/b"])  # folders made on the way
+    assert kept(("/a/b", False), ("/a", True)) == ([1, 2], [])  # the member of a made folder is kept
+    # The folder of an archive inside the archive (-r) is replaced with all it holds.
+    rows = [(1, b"/", b"x", True, True), (2, b"/x", b"m", False, False), (3, b"/", b"x", False, False)]
+    assert replay(rows) == ({3}, [])
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        [("a/", "d"), ("a/b", "f"), ("a", "f")],  # "a: Cannot open: File exists"
+        [("a", "f"), ("a/b", "f")],  # "a/b: Cannot open: Not a directory"
+        [("a", "f"), ("a/b/c", "f"), ("a/", "d"), ("a/d", "f")],
+        [("t", "f"), ("g/", "d"), ("g/x", "f"), ("g", "h")],  # "g: Cannot hard link to 't': File exists"
+        [("t", "f"), ("g/", "d"), ("g", "h"), ("g/x", "f")],  # an empty folder is replaced
+        [("a/b/c", "f"), ("a/b", "f"), ("a/", "d")],
+    ],
+)
+def test_conflicts_show_what_tar_extracts(tmp_path: Path, members: List[Member]) -> None:
+    archive = tmp_path / "conflicts.tar"
+    _write(archive, members)
+    check_archive_against_tar(archive, tmp_path, tar_status=(0, 2))
+
+
+def test_nothing_is_shown_below_a_symlink(tmp_path: Path) -> None:
+    """GNU tar writes a member below a symbolic link into the link's target; the index never
+    follows a link, so the member is not shown at all (and nothing leaves the mount)."""
+    archive = tmp_path / "link.tar"
+    _write(archive, [("t/", "d"), ("s", "s"), ("s/c", "f")])
+    with ratarmountcore.open(str(archive), FRESH) as src:
+        assert sorted(src.listdir("/")) == ["s", "t"]
+        assert src.readlink("/s") == "t"
+        assert not src.exists("/s/c") and src.listdir("/t") == []
+
+
+_NAMES = st.lists(st.sampled_from("ab"), min_size=1, max_size=3).map("/".join)
+
+
+def _without_folder_times(tree: Dict[str, Entry]) -> Dict[str, Entry]:
+    return {path: dataclasses.replace(e, mtime_ns=0) if e.kind == "d" else e for path, e in tree.items()}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(members=st.lists(st.tuples(_NAMES, st.sampled_from("fdh")), min_size=1, max_size=8))
+def test_any_order_of_folders_and_files_shows_what_tar_extracts(tmp_path: Path, members: List[Member]) -> None:
+    """Generated archives whose few names are files, folders or hard links in turn (the link
+    target "t" first): the tree equals ``tar -x`` of the same archive, entry for entry. Folder
+    times are left out: GNU tar sets a folder's time when the next member is not in it, and a
+    member extracted into it later changes it again (the index keeps the member's time)."""
+    folder = tmp_path / f"case{len(list(tmp_path.iterdir()))}"
+    folder.mkdir()
+    archive = folder / "generated.tar"
+    named = [("t", "f")] + [(name + "/" if kind == "d" else name, kind) for name, kind in members]
+    _write(archive, named)
+    result = tar_extract(archive, folder / "extracted", check=False)
+    assert result.returncode in (0, 2), result.stderr
+    expected = _without_folder_times(snapshot_dir(folder / "extracted"))
+    with ratarmountcore.open(str(archive), FRESH) as src:
+        actual = _without_folder_times(snapshot_source(src))
+    compare_trees(expected, actual, {p for p, e in expected.items() if e.kind == "d"}, check_root=False)
