@@ -356,6 +356,31 @@ def test_bit_rot_after_indexing_fails_only_the_affected_members(small_tar: Path,
     assert errors > 0 and good > 0
 
 
+def test_bzip2_bit_rot_after_indexing_never_gives_wrong_bytes(small_tar: Path, tmp_path: Path) -> None:
+    """rapidgzip's single-threaded bzip2 decoder hands out a block's bytes before it checks the
+    block's CRC (at its end), so a read that stopped inside a damaged block got wrong bytes with
+    ``-P 1`` (here: one of the bits flipped below): decoders always get two threads, whose reader
+    checks every block it decodes before any of it is read."""
+    from ratarmountcore.index.fingerprint import SAMPLE, SAMPLES
+
+    original = compress(fresh_copy(small_tar, tmp_path), "bz2-cli").read_bytes()
+    expected = members_of(small_tar)
+    opts = options(parallelization=1)
+    step = (len(original) - SAMPLE) // (SAMPLES - 1)
+    errors = 0
+    for k in range(12, 20):  # bits between the fingerprint's sampled blocks
+        archive = tmp_path / f"rot{k}.tar.bz2"
+        archive.write_bytes(original)
+        os.utime(archive, ns=(10**18, 10**18))
+        assert read_everything(archive, expected, opts) == (len(expected), 0)  # (the index, built intact)
+        raw = bytearray(original)
+        raw[step * (k % (SAMPLES - 1)) + SAMPLE + (step - SAMPLE) * (1 + k // (SAMPLES - 1)) // 4] ^= 0x01
+        archive.write_bytes(bytes(raw))
+        os.utime(archive, ns=(10**18, 10**18))
+        errors += read_everything(archive, expected, opts)[1]  # (fails on a wrong byte)
+    assert errors > 0
+
+
 @pytest.mark.parametrize("kind", DAMAGE_KINDS)
 def test_truncated_archive_fails_with_one_line_naming_the_file(kind: str, small_tar: Path, tmp_path: Path) -> None:
     kind, opts = split_kind(kind)

@@ -2,8 +2,9 @@
 
 Seek points are the natural bzip2 block boundaries (``block_offsets()``: compressed bit offset
 -> decompressed byte offset), so ``seek_point_spacing`` does not apply. Every block carries a
-CRC32 that the decoder checks whenever it decodes the block, so corrupt data fails the reads
-that touch it (and the first mount, which decodes everything).
+CRC32 that the (parallel) decoder checks whenever it decodes the block, before handing out any
+of it, so corrupt data fails the reads that touch it (and the first mount, which decodes
+everything).
 """
 
 from __future__ import annotations
@@ -47,7 +48,11 @@ class Bzip2Reader(PooledReader):
     def _open_decoder(self, raw: Union[str, FdFile], threads: int) -> Any:
         import rapidgzip
 
-        return rapidgzip.IndexedBzip2File(raw, parallelization=threads)
+        # Never one thread: rapidgzip's single-threaded bzip2 reader hands out a block's bytes
+        # before it checks the block's CRC (at the block's end), so a read that stopped inside
+        # a damaged block got wrong bytes (-P 1, or a decoder's share of one core). The
+        # parallel reader decodes whole blocks and checks each before any byte of it is read.
+        return rapidgzip.IndexedBzip2File(raw, parallelization=max(2, threads))
 
     def _load_seek_points(self, decoder: Any, payload: bytes) -> None:
         decoder.set_block_offsets(unpack_offsets(payload))
