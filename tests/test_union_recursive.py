@@ -313,3 +313,21 @@ def test_any_inner_tars_read_back_without_their_extension(
         assert found == expected
         for name in classes:
             assert not src.exists(f"/{name}.tar") or f"{name}.tar" in loose
+
+
+@pytest.mark.parametrize("cut", [512 + 4000, 512 + 10_000 - 1, 512 + 10_240 + 100])
+def test_a_truncated_inner_tar_never_reads_into_the_outer_archive(tmp_path: Path, cut: int) -> None:
+    """An inner tar cut off inside a member's data: that member is left out with a warning (its
+    reads went on into the outer archive's next header and data), the members before it stay."""
+    inner = tar_bytes({"first.txt": b"F" * 300, "member.txt": b"A" * 10_000, "last.txt": b"L" * 50})
+    first_end = 512 + 512 + 512  # first.txt's header and data, member.txt's header
+    outer = tmp_path / "outer.tar"
+    outer.write_bytes(tar_bytes({"inner.tar": inner[: first_end + cut - 512], "next.txt": b"Z" * 10_000}))
+    with ratarmountcore.open(str(outer), OpenOptions(recursive=True)) as src:
+        assert src.read("/inner.tar/first.txt") == b"F" * 300
+        shown = src.listdir("/inner.tar")
+        for name in shown:
+            data = src.read(f"/inner.tar/{name}")
+            assert set(data) <= {ord("F"), ord("A"), ord("L")}, name  # never the outer archive's bytes
+        assert "member.txt" not in shown or src.read("/inner.tar/member.txt") == b"A" * 10_000
+        assert src.read("/next.txt") == b"Z" * 10_000

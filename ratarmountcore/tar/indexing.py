@@ -22,7 +22,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
-from ..errors import ArchiveError, RatarmountError
+from ..errors import ArchiveError, RatarmountError, TruncatedArchiveError
 from ..formats import COMPRESSIONS, FormatId, sniff_bytes, stripped_tar_name
 from ..index.sqlite_index import IndexWriter
 from ..io.readers import FileWindow, RandomAccessReader, ReaderStream
@@ -150,7 +150,13 @@ def _scan(
     progress = ctx.on_progress if depth == 0 else None
     add = ctx.writer.add
     descend = ctx.recursive and depth < MAX_DEPTH
+    # An inner tar is a window of the outer stream: reads of a member that runs past the
+    # window's end would go on into the outer archive's next bytes. (The top-level archive's
+    # scan fails on such a member at its end.)
+    window = size if prefix else None
     for record in TarScanner(stream, ctx.label, progress):  # type: ignore[arg-type]
+        if window is not None and record.offset_data + _stored_size(record) > window:
+            raise TruncatedArchiveError(f"{record.path} ends after the end of the archive ({window} bytes)")
         if prefix:
             record.path = prefix + record.path if record.path != "/" else prefix
             if record.path == prefix:
@@ -179,6 +185,13 @@ def _scan(
         else:
             ctx.writer.add(record, source)
             ctx.count += 1
+
+
+def _stored_size(record: MemberRecord) -> int:
+    """The bytes of data that follow the member's header(s) in the archive."""
+    if record.sparse is not None:
+        return sum(length for _offset, length in record.sparse)
+    return record.size if record.kind == KIND_FILE else 0
 
 
 def _descend(ctx: _Context, record: MemberRecord, scan: Callable[[], None]) -> None:
