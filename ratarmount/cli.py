@@ -16,6 +16,7 @@ from ratarmountcore import __version__
 from ratarmountcore.errors import RatarmountError
 from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
 
+from .termination import Terminated, exit_status, raise_on_sigterm
 from .workers import loop_threads
 
 logger = logging.getLogger("ratarmount")
@@ -399,6 +400,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging(args.debug)
+    raise_on_sigterm()
     try:
         if args.version:
             print(version_text())
@@ -414,9 +416,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .mount import mount
 
         return mount(options)
-    except KeyboardInterrupt:
-        print("ratarmount: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:
+        print(f"ratarmount: {'terminated' if isinstance(interrupt, Terminated) else 'interrupted'}", file=sys.stderr)
+        return exit_status(interrupt)
     except BrokenPipeError:
         return quiet_broken_pipe()
     except (RatarmountError, OSError) as exc:

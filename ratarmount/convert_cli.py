@@ -14,6 +14,7 @@ from ratarmountcore.errors import RatarmountError
 from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
 
 from .cli import parse_index_folders
+from .termination import Terminated, exit_status, raise_on_sigterm
 
 logger = logging.getLogger("ratarmount.convert")
 
@@ -74,6 +75,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     from ratarmountcore.convert import convert_to_seekable_zstd
 
+    raise_on_sigterm()
+
     if os.path.lexists(args.output) and not args.force:
         print(f"ratarmount-convert: error: {args.output} already exists (use --force to replace it)", file=sys.stderr)
         return 1
@@ -86,9 +89,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             options=options,
             overwrite=args.force,
         )
-    except KeyboardInterrupt:
-        print("ratarmount-convert: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:
+        said = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
+        print(f"ratarmount-convert: {said}", file=sys.stderr)
+        return exit_status(interrupt)
     except (RatarmountError, OSError, ValueError) as exc:
         if args.debug:
             logger.exception("conversion failed")

@@ -19,7 +19,6 @@ import errno
 import logging
 import mmap
 import os
-import signal
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
@@ -34,6 +33,7 @@ from .capabilities import (
 )
 from .errnos import errno_of
 from .lowlevel_ops import LowLevelOperations
+from .termination import default_signal_handlers
 from .workers import LOOP_OPTIONS
 
 logger = logging.getLogger(__name__)
@@ -453,45 +453,29 @@ class LowLevelFuse:
         session = lib.fuse_session_new(ctypes.byref(args), ctypes.byref(self._table), ctypes.sizeof(Operations), None)
         if not session:
             raise RatarmountError(f"cannot mount at {mountpoint}: libfuse rejected the options (see the message above)")
-        # libfuse installs its handlers (end the loop, unmount) only over default ones, and
-        # Python's SIGINT handler would never run while the main thread waits in C.
-        previous = _default_signal_handlers()
-        try:
-            if lib.fuse_set_signal_handlers(session) != 0:
-                raise RatarmountError("cannot install the FUSE signal handlers")
+        # libfuse installs its handlers (end the loop, unmount) only over default ones.
+        with default_signal_handlers():
             try:
-                if lib.fuse_session_mount(session, os.fsencode(mountpoint)) != 0:
-                    raise RatarmountError(f"cannot mount at {mountpoint} (see the message above)")
+                if lib.fuse_set_signal_handlers(session) != 0:
+                    raise RatarmountError("cannot install the FUSE signal handlers")
                 try:
-                    if self.ops.prefetcher is not None:
-                        self.ops.prefetcher.invalidate = lambda node: self._invalidate(session, node)
-                    if not self._libfuse_asks_parallel_dirops:
-                        self.ops.parallel_dirops = parallel_dirops.negotiate(lib, session)
-                    config = lib.fuse_loop_cfg_create()
+                    if lib.fuse_session_mount(session, os.fsencode(mountpoint)) != 0:
+                        raise RatarmountError(f"cannot mount at {mountpoint} (see the message above)")
                     try:
-                        lib.fuse_loop_cfg_set_max_threads(config, self.max_threads)
-                        lib.fuse_loop_cfg_set_idle_threads(config, self.idle_threads)
-                        lib.fuse_session_loop_mt_312(session, config)
+                        if self.ops.prefetcher is not None:
+                            self.ops.prefetcher.invalidate = lambda node: self._invalidate(session, node)
+                        if not self._libfuse_asks_parallel_dirops:
+                            self.ops.parallel_dirops = parallel_dirops.negotiate(lib, session)
+                        config = lib.fuse_loop_cfg_create()
+                        try:
+                            lib.fuse_loop_cfg_set_max_threads(config, self.max_threads)
+                            lib.fuse_loop_cfg_set_idle_threads(config, self.idle_threads)
+                            lib.fuse_session_loop_mt_312(session, config)
+                        finally:
+                            lib.fuse_loop_cfg_destroy(config)
                     finally:
-                        lib.fuse_loop_cfg_destroy(config)
+                        lib.fuse_session_unmount(session)
                 finally:
-                    lib.fuse_session_unmount(session)
+                    lib.fuse_remove_signal_handlers(session)
             finally:
-                lib.fuse_remove_signal_handlers(session)
-        finally:
-            lib.fuse_session_destroy(session)
-            _restore_signal_handlers(previous)
-
-
-def _default_signal_handlers() -> Dict[int, Any]:
-    previous: Dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            previous[number] = signal.signal(number, signal.SIG_DFL)
-    return previous
-
-
-def _restore_signal_handlers(previous: Dict[int, Any]) -> None:
-    for number, handler in previous.items():
-        if handler is not None:
-            signal.signal(number, handler)
+                lib.fuse_session_destroy(session)

@@ -22,6 +22,7 @@ from ratarmountcore.sources.factory import open_source
 
 from .cli import MountOptions, check_mountpoint
 from .daemon_log import route_background_logs
+from .termination import default_signal_handlers
 from .workers import default_max_threads
 
 logger = logging.getLogger(__name__)
@@ -172,13 +173,14 @@ def run_fuse(
             raise RatarmountError(f"the FUSE binding mfusepy cannot be loaded: {IMPORT_ERROR}")
         operations = FuseOperations(source, ready)
         try:
-            FUSE(
-                operations,
-                options.mountpoint,
-                foreground=True,
-                debug=options.debug >= 2,
-                **fuse_kwargs(options, label, source.is_immutable),
-            )
+            with default_signal_handlers():  # (libfuse's own handlers need them)
+                FUSE(
+                    operations,
+                    options.mountpoint,
+                    foreground=True,
+                    debug=options.debug >= 2,
+                    **fuse_kwargs(options, label, source.is_immutable),
+                )
         except RuntimeError:
             # libfuse 3 reports a loop ended by SIGINT/SIGTERM as an error, after it has
             # unmounted cleanly: that is a normal end, not a failure.

@@ -846,3 +846,39 @@ def test_symlink_targets_are_asked_for_once(tmp_path: Path, api: str) -> None:
 
     opcodes = _requests_during(tmp_path, archive, resolve_often, ["--fuse-api", api])
     assert opcodes.count("READLINK") == 2, opcodes.count("READLINK")
+
+
+@pytest.mark.parametrize("tool", ["ratarmount", "ratarmount-convert"])
+def test_sigterm_during_the_first_index_build_leaves_nothing(tmp_path: Path, tool: str) -> None:
+    """SIGTERM ends Python without cleanups by default: a build killed so left its temporary
+    index (and the converter its temporary output). Now it cleans up as Ctrl-C does, exit 143."""
+    archive = tmp_path / "many.tar"
+    with open(archive, "wb") as out:  # 40,000 empty members: a build of a few tenths of a second
+        for i in range(40_000):
+            out.write(tarfile.TarInfo(f"d{i % 400:03d}/f{i:05d}").tobuf(format=tarfile.USTAR_FORMAT))
+        out.write(bytes(1024))
+    work = tmp_path / "work"
+    work.mkdir()
+    index = work / "many.sqlite"
+    if tool == "ratarmount":
+        (work / "mnt").mkdir()
+        command = [*RATARMOUNT, "-f", "--index-file", str(index), str(archive), str(work / "mnt")]
+    else:
+        command = [sys.executable, "-m", "ratarmount.convert_cli", "--no-progress", "--index-file", str(index)]
+        command += [str(archive), str(work / "many.tar.zst")]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(2000):  # until the temporary index exists: the build is under way
+            if any(".tmp-" in p.name for p in work.iterdir()) or process.poll() is not None:
+                break
+            time.sleep(0.002)
+        assert process.poll() is None, "the build ended before it could be interrupted"
+        process.send_signal(signal.SIGTERM)
+        _out, err = process.communicate(timeout=60)
+        assert process.returncode == 143, err
+        assert "terminated" in err and "Traceback" not in err, err
+        assert sorted(p.name for p in work.iterdir()) == (["mnt"] if tool == "ratarmount" else [])
+    finally:
+        if process.poll() is None:
+            process.kill()
+        lazy_unmount(work / "mnt")

@@ -15,6 +15,7 @@ import posixpath
 import sqlite3
 import struct
 import time
+import weakref
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..errors import InvalidIndexError, StaleIndexError
@@ -148,6 +149,14 @@ def unpack_sparse(blob: Optional[bytes]) -> Optional[Tuple[Tuple[int, int], ...]
     return tuple(zip(flat[0::2], flat[1::2]))
 
 
+def _remove_files(*paths: str) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
 class IndexWriter:
     """Builds an index in ``<final>.tmp-<uuid>`` and renames it into place on ``commit``.
 
@@ -160,6 +169,10 @@ class IndexWriter:
     def __init__(self, final_path: str, stats: ArchiveStats, archive_path: str, extra: Dict[str, str]) -> None:
         self.final_path = final_path
         self.temp_path = f"{final_path}.tmp-{os.urandom(6).hex()}"
+        # Removes the temporary file unless committed: on ``abort``, and also when the writer is
+        # dropped or the program exits without either (an exception between creating the writer
+        # and entering its block, e.g. a Ctrl-C or SIGTERM turned into one, left the file).
+        self._remove_temporary = weakref.finalize(self, _remove_files, self.temp_path, self.temp_path + "-journal")
         self._stats = stats
         # For people reading the index; a name that is not UTF-8 is kept readable (SQLite text
         # must be UTF-8: a surrogate-escaped name failed the build).
@@ -378,18 +391,15 @@ class IndexWriter:
         conn.close()
         os.chmod(self.temp_path, 0o644)
         os.replace(self.temp_path, self.final_path)
+        self._remove_temporary.detach()
         self._committed = True
 
     def abort(self) -> None:
         try:
             self._conn.close()
-        except sqlite3.Error:
+        except (sqlite3.Error, AttributeError):  # (AttributeError: interrupted before connecting)
             pass
-        for path in (self.temp_path, self.temp_path + "-journal"):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+        self._remove_temporary()
 
     def _implicit_dirs(self) -> Optional[List[Tuple[bytes, bytes]]]:
         """(parent, name) of the folders implied by members below them that have no member of
