@@ -135,6 +135,30 @@ def test_an_explicit_index_file_of_another_program_is_refused(tmp_path: Path) ->
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.tar", "theirs.sqlite"]
 
 
+def test_a_damaged_index_of_ours_is_rebuilt_not_left_alone(tmp_path: Path) -> None:
+    """An index of ours cut in half (a full disk, a copy that failed) is still ours: rebuilt in
+    place, not taken for another program's file and left beside a second index."""
+    archive = make_tar(tmp_path / "a.tar", 300)
+    ratarmountcore.open(str(archive)).close()
+    index = tmp_path / "a.tar.index.sqlite"
+    index.write_bytes(index.read_bytes()[: index.stat().st_size // 2])
+    assert written_by_us(str(index))
+    with ratarmountcore.open(str(archive)) as src:
+        assert src.read("/d9/f9") == b"9"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.tar", "a.tar.index.sqlite"]
+    with ratarmountcore.open(str(archive)) as src:  # (the rebuilt index is valid)
+        assert src.read("/d9/f299") == b"299"
+
+
+def test_a_folder_named_as_the_index_file_is_called_a_folder(tmp_path: Path) -> None:
+    archive = make_tar(tmp_path / "a.tar", 3)
+    folder = tmp_path / "idx"
+    folder.mkdir()
+    options = OpenOptions(index=IndexOptions(index_file=str(folder), progress=False))
+    with pytest.raises(IndexNotWritableError, match=f"{folder}: a folder"):
+        ratarmountcore.open(str(archive), options)
+
+
 def test_our_indexes_carry_our_application_id(tmp_path: Path) -> None:
     archive = make_tar(tmp_path / "a.tar", 3)
     ratarmountcore.open(str(archive)).close()

@@ -122,7 +122,13 @@ def open_or_build(
             build(writer)
             writer.commit(stats.mtime_ns, *implicit_owner)
         return IndexReader(target)
-    held = f" ({', '.join(foreign)} belongs to another program and is left alone)" if foreign else ""
+    held = ""
+    if foreign:
+        folders = [path for path in foreign if os.path.isdir(path)]
+        held = f" ({', '.join(folders)}: a folder)" if folders else ""
+        files = [path for path in foreign if path not in folders]
+        if files:
+            held += f" ({', '.join(files)} is not an index of ours, perhaps another program's, and is left alone)"
     raise IndexNotWritableError(
         f"{archive_path}: cannot write an index to any of {', '.join(candidates)}{held}; "
         "use --index-file or --index-folders to name a writable place"

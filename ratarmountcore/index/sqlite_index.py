@@ -69,13 +69,19 @@ def written_by_us(path: str) -> bool:
     of other programs -- the PyPI ratarmount release uses the same ``.index.sqlite`` name -- and
     files that are not SQLite at all are not, and are never overwritten."""
     try:
+        with open(path, "rb") as file:
+            header = file.read(100)
+    except OSError:
+        return False
+    if len(header) < 100 or not header.startswith(b"SQLite format 3\0"):
+        return False
+    if int.from_bytes(header[68:72], "big") == APPLICATION_ID:
+        return True  # (read from the file's header: also when the rest of it is damaged or cut off)
+    try:
         conn = sqlite3.connect(read_only_uri(path), uri=True)
     except sqlite3.Error:
         return False
     try:
-        (application_id,) = conn.execute("PRAGMA application_id").fetchone()
-        if application_id == APPLICATION_ID:
-            return True
         found = conn.execute("SELECT 1 FROM metadata WHERE key = 'archive_fingerprint'").fetchone()
         return found is not None
     except sqlite3.Error:
