@@ -121,3 +121,19 @@ def test_any_order_of_folders_and_files_shows_what_tar_extracts(tmp_path: Path, 
     with ratarmountcore.open(str(archive), FRESH) as src:
         actual = _without_folder_times(snapshot_source(src))
     compare_trees(expected, actual, {p for p, e in expected.items() if e.kind == "d"}, check_root=False)
+
+
+def test_a_member_named_like_a_versions_folder_is_that_member(tmp_path: Path) -> None:
+    """``x.versions`` stored as a file: it is shown as the file it is, and nothing below it
+    resolves (the pseudo folder of x's versions is hidden by it, through the API as through a
+    mount); without it, ``x.versions/1`` is x's first version."""
+    archive = tmp_path / "versions.tar"
+    with tarfile.open(archive, "w") as tar:
+        for name, data in (("x", b"one"), ("x", b"two"), ("y", b"1"), ("y", b"2"), ("x.versions", b"real")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with ratarmountcore.open(str(archive), FRESH) as src:
+        assert src.read("/x.versions") == b"real" and src.read("/x") == b"two"
+        assert not src.exists("/x.versions/1") and not src.exists("/x.versions/2")
+        assert src.read("/y.versions/1") == b"1" and src.read("/y") == b"2"

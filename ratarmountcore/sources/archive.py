@@ -182,6 +182,8 @@ class ArchiveSource(RenewedAfterFork, MountSource):
                 ino=0,
             )
         if name.isdigit() and parent.endswith(VERSIONS_SUFFIX):
+            if self._index.lookup(*split_path(_decode(parent))) is not None:
+                return None  # a member of that name (a file, or a folder without this entry)
             grand, base = split_path(_decode(parent[: -len(VERSIONS_SUFFIX)]))
             versions = self._index.versions(grand, base)
             number = int(name)
