@@ -331,3 +331,73 @@ def test_a_truncated_inner_tar_never_reads_into_the_outer_archive(tmp_path: Path
             assert set(data) <= {ord("F"), ord("A"), ord("L")}, name  # never the outer archive's bytes
         assert "member.txt" not in shown or src.read("/inner.tar/member.txt") == b"A" * 10_000
         assert src.read("/next.txt") == b"Z" * 10_000
+
+
+def _tar_of(path: Path, tree: Dict[str, object]) -> Path:
+    """A tar of ``tree``: name -> bytes (a file), None (a folder), or ("link", target) (a hard link)."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for name, what in tree.items():
+            info = tarfile.TarInfo(name)
+            if what is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif isinstance(what, tuple):
+                info.type, info.linkname = tarfile.LNKTYPE, what[1]
+                tar.addfile(info)
+            else:
+                assert isinstance(what, bytes)
+                info.size = len(what)
+                tar.addfile(info, io.BytesIO(what))
+    return path
+
+
+def test_a_folder_a_later_source_replaces_by_a_file_takes_its_entries_along(tmp_path: Path) -> None:
+    """A: folder d with d/old; B: a file d; C: folder d with d/new. On disk, B's file would have
+    replaced A's folder with all it held: the union shows C's d with "new" only, and with A and
+    B alone nothing below the file d (through the API as through a mount)."""
+    a = _tar_of(tmp_path / "A.tar", {"d": None, "d/old": b"old", "d/sub/deep": b"deep", "keep/k": b"k"})
+    b = _tar_of(tmp_path / "B.tar", {"d": b"file"})
+    c = _tar_of(tmp_path / "C.tar", {"d": None, "d/new": b"new"})
+    with ratarmountcore.open([str(a), str(b), str(c)]) as src:
+        assert sorted(src.listdir("/")) == ["d", "keep"] and src.listdir("/d") == ["new"]
+        assert not src.exists("/d/old") and not src.exists("/d/sub/deep") and src.read("/keep/k") == b"k"
+    with ratarmountcore.open([str(a), str(b)]) as src:
+        assert src.read("/d") == b"file"
+        assert not src.exists("/d/old") and not src.exists("/d/sub") and not src.exists("/d/sub/deep")
+
+
+def test_a_hard_link_whose_other_name_a_later_source_replaces_stays_readable(tmp_path: Path) -> None:
+    """A holds b and x.txt as one file (hard links); B replaces b. x.txt is still A's: found by
+    its inode number (what the kernel asks a mount by) under the name the union still shows."""
+    a = _tar_of(tmp_path / "A.tar", {"b": b"payload", "x.txt": ("link", "b")})
+    b = _tar_of(tmp_path / "B.tar", {"b": b"other"})
+    with ratarmountcore.open([str(a), str(b)]) as src:
+        assert src.read("/x.txt") == b"payload" and src.read("/b") == b"other"
+        info = src.lookup("/x.txt")
+        assert info is not None
+        found = src.by_ino(info.ino)
+        assert found is not None and found[0] == "/x.txt" and found[1].ino == info.ino
+
+
+def test_a_miss_in_a_union_of_archives_asks_no_source(tmp_path: Path) -> None:
+    """The union table lists every name of a union of archives: a name not in it is a miss at
+    once (a Python start-up from a union probes thousands of missing names), except the
+    PATH.versions names no table lists, which their sources answer."""
+    archives = [_tar_of(tmp_path / f"s{i}.tar", {f"f{i}": b"%d" % i, "same": b"%d" % i}) for i in range(20)]
+    with ratarmountcore.open([str(a) for a in archives]) as src:
+        assert isinstance(src, UnionSource)
+        asked: List[str] = []
+        for source in src.sources:
+            original = source.lookup
+
+            def counting(path: str, original=original) -> object:  # type: ignore[no-untyped-def]
+                asked.append(path)
+                return original(path)
+
+            source.lookup = counting  # type: ignore[method-assign]
+        assert src.lookup("/missing") is None and src.lookup("/f3/below") is None
+        assert asked == []
+        assert src.read("/same.versions/1") == b"19"  # (its own archive's first version)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import stat
 import threading
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
@@ -29,11 +30,15 @@ from ..io import forks
 from ..io.readers import MemberFile
 from ..options import IndexOptions
 from . import union_cache
-from .base import FileInfo, MountSource, NameRow, StatRow
+from .base import VERSIONS_SUFFIX, FileInfo, MountSource, NameRow, StatRow
 
 logger = logging.getLogger(__name__)
 
-UNION_FORMAT = "4"
+#: The file type bits of a mode.
+_S_IFMT = 0o170000
+#: A path component naming an entry's versions (``PATH.versions/``).
+_VERSIONS_PART = VERSIONS_SUFFIX.decode() + "/"
+UNION_FORMAT = "5"  # 5: a folder replaced by a file takes its entries with it
 #: A folder's rows from the union table (``StatRow`` fields) after a name, in name order.
 _STAT_ROWS_SQL = (
     "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev FROM entries "
@@ -51,6 +56,20 @@ class UnionLocator(NamedTuple):
     info: FileInfo
 
 
+def _drop_below(conn: sqlite3.Connection, folders: Sequence[Tuple[bytes, bytes]]) -> None:
+    """Remove the entries below each of ``folders`` (parent, name): a later source replaces
+    those folders by files, links or devices, which take what was in them along (as a file
+    replacing a folder would on disk); a folder of a still later source starts empty."""
+    for parent, name in folders:
+        path = b"/" + name if parent == b"/" else parent + b"/" + name
+        # (Every path below: the folder's own entries, and those whose parent starts with
+        # "path/"; "0" follows "/" in byte order.)
+        conn.execute(
+            "DELETE FROM entries WHERE parent = ? OR (parent >= ? AND parent < ?)",
+            (path, path + b"/", path + b"0"),
+        )
+
+
 class UnionSource(MountSource):
     def __init__(self, sources: Sequence[MountSource], cache_folder: Optional[str] = None) -> None:
         """``cache_folder``: where the union table is cached (None: ``union_cache.folder_for``
@@ -58,7 +77,8 @@ class UnionSource(MountSource):
         self.sources = list(sources)
         #: Per source: whether it finds its entries by inode number (``by_ino``).
         self._numbered = [type(source).by_ino is not MountSource.by_ino for source in self.sources]
-        self._all_numbered = all(self._numbered) and all(source.is_immutable for source in self.sources)
+        self._immutable = all(source.is_immutable for source in self.sources)
+        self._all_numbered = all(self._numbered) and self._immutable
         self._lock = threading.Lock()
         identities = [union_cache.identity(s) for s in self.sources]
         self._identities = identities
@@ -142,17 +162,29 @@ class UnionSource(MountSource):
                     f"SELECT parent, name, {number}, mode, size, mtime_ns, uid, gid, nlink, {numbered}, rdev "
                     "FROM src.files WHERE latest = 1 AND name != x'' AND offset_header"
                 )
+                _drop_below(
+                    conn,
+                    conn.execute(
+                        "SELECT e.parent, e.name FROM entries e JOIN src.files f ON f.parent = e.parent AND "
+                        f"f.name = e.name WHERE f.latest = 1 AND f.kind != 'd' AND e.mode & {_S_IFMT} = {stat.S_IFDIR}"
+                    ).fetchall(),
+                )
                 conn.execute(f"INSERT OR REPLACE INTO entries {columns} {select} != ?", (IMPLICIT,))
                 conn.execute(f"INSERT OR IGNORE INTO entries {columns} {select} = ?", (IMPLICIT,))
                 conn.execute("DETACH DATABASE src")
             else:
                 rows: List[Tuple[object, ...]] = []
+                folders = set(conn.execute(f"SELECT parent, name FROM entries WHERE mode & {_S_IFMT} = {stat.S_IFDIR}"))
+                replaced: List[Tuple[bytes, bytes]] = []
                 for folder, _dirs, _files in source.walk("/"):
                     parent = encode(folder)
                     for row in source.list_stat_rows(folder) or []:
                         name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev = self._shift(number, row)
                         mtime = mtime_ns if _INT64_MIN <= mtime_ns <= _INT64_MAX else encode_big_int(mtime_ns)
                         rows.append((parent, name, number, mode, size, mtime, uid, gid, nlink, ino, rdev))
+                        if not stat.S_ISDIR(mode) and (parent, name) in folders:
+                            replaced.append((parent, name))
+                _drop_below(conn, replaced)
                 conn.executemany(
                     f"INSERT OR REPLACE INTO entries {columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
                 )
@@ -203,7 +235,17 @@ class UnionSource(MountSource):
             info = self.sources[number].lookup(path)
             if info is not None:
                 return self._wrap(number, info)
-        # Paths no index lists (e.g. PATH.versions/N): ask the sources, newest first.
+        # Not in the union table: a PATH.versions folder or version (no index lists them), or a
+        # path a folder source gained after the table was made. In a union of archives nothing
+        # else is missing from the table: a miss is one query, not one per source. Nothing is
+        # found below a name the union shows as something else than a folder.
+        if self._immutable and _VERSIONS_PART not in path + "/":
+            return None
+        parent = path.rpartition("/")[0] or "/"
+        if parent != "/":
+            above = self.lookup(parent)
+            if above is None or not above.is_dir:
+                return None
         for number in range(len(self.sources) - 1, -1, -1):
             info = self.sources[number].lookup(path)
             if info is not None:
@@ -217,8 +259,18 @@ class UnionSource(MountSource):
         if ino <= 1 or number >= len(self.sources):
             return None
         found = self.sources[number].by_ino(ino & _INNER_MASK)
-        if found is None or self._winner(found[0]) != number:
+        if found is None:
             return None
+        if self._winner(found[0]) != number:
+            # A hard link whose first name a later source replaced: one of its other names.
+            # (No index on inode numbers: a scan of the table, for this rare case only.)
+            rows = self._query("SELECT parent, name FROM entries WHERE ino = ? AND source = ? LIMIT 1", (ino, number))
+            if not rows:
+                return None
+            parent, name = rows[0]
+            path = (b"/" + name if parent == b"/" else parent + b"/" + name).decode("utf-8", "surrogateescape")
+            info = self.sources[number].lookup(path)
+            return None if info is None else (path, self._wrap(number, info))
         return found[0], self._wrap(number, found[1])
 
     def lists_by_number(self, folder: FileInfo) -> bool:
