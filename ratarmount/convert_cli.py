@@ -77,6 +77,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     raise_on_sigterm()
 
+    if os.path.isdir(args.output):
+        print(f"ratarmount-convert: error: {args.output} is a folder; name the file to write", file=sys.stderr)
+        return 1
     if os.path.lexists(args.output) and not args.force:
         print(f"ratarmount-convert: error: {args.output} already exists (use --force to replace it)", file=sys.stderr)
         return 1

@@ -50,6 +50,6 @@ def default_signal_handlers() -> Iterator[None]:
     try:
         yield
     finally:
-        for number, handler in previous.items():
+        for signum, handler in previous.items():
             if handler is not None:
-                signal.signal(number, handler)
+                signal.signal(signum, handler)

@@ -135,7 +135,8 @@ class FrameWriter:
         self._offset += len(frame)
 
     def finish(self) -> FrameTable:
-        if self._pending:
+        if self._pending or (not self.table and not self._inflight):
+            # (Nothing at all: one empty frame, since a zstd file of no frame is not valid.)
             self._submit(bytes(self._pending))
             self._pending.clear()
         while self._inflight:

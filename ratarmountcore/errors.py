@@ -32,6 +32,13 @@ class NotASymlinkError(RatarmountError, OSError):
     errno_code = errno.EINVAL
 
 
+class IsASymlinkError(RatarmountError, OSError):
+    """A symbolic link where a regular file was asked for: the core never follows links (ELOOP,
+    as ``open`` with ``O_NOFOLLOW`` says)."""
+
+    errno_code = errno.ELOOP
+
+
 class ArchiveError(RatarmountError, ValueError):
     """The archive cannot be read as what it claims to be."""
 

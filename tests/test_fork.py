@@ -106,6 +106,7 @@ CHILD_SCRIPT = textwrap.dedent(
     names = []
     for folder, _dirs, files in source.walk("/"):
         names += [folder.rstrip("/") + "/" + name for name in files]
+    names = [name for name in names if source.info(name).is_file]  # (links are not opened)
     for name in random.Random(1).sample(names, 20):
         with source.open(name) as f:
             f.read()

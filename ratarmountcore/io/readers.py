@@ -292,14 +292,20 @@ class MemberFile(io.RawIOBase):
         self._lock = threading.Lock()
         self._generation = forks.generation
 
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ValueError("I/O operation on closed file")  # (what a regular file says)
+
     @property
     def size(self) -> int:
         return self._size
 
     def readable(self) -> bool:
+        self._check_open()
         return True
 
     def seekable(self) -> bool:
+        self._check_open()
         return True
 
     def pread(self, offset: int, size: int) -> bytes:
@@ -354,6 +360,7 @@ class MemberFile(io.RawIOBase):
         return bytes(out)
 
     def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def,override]
+        self._check_open()
         # Straight into the caller's buffer: no intermediate bytes, and large reads from a
         # compressed archive skip the span cache as they do through the mount.
         if self._generation != forks.generation:
@@ -365,6 +372,7 @@ class MemberFile(io.RawIOBase):
             return count
 
     def readall(self) -> bytes:
+        self._check_open()
         if self._generation != forks.generation:
             self._after_fork()
         with self._lock:
@@ -373,6 +381,7 @@ class MemberFile(io.RawIOBase):
             return data
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._check_open()
         if self._generation != forks.generation:
             self._after_fork()
         with self._lock:
@@ -390,4 +399,5 @@ class MemberFile(io.RawIOBase):
             return new
 
     def tell(self) -> int:
+        self._check_open()
         return self._pos

@@ -7,6 +7,7 @@ A ``MountSource`` answers four primitives -- ``lookup``, ``list_entries``, ``ope
 
 from __future__ import annotations
 
+import errno
 import io
 import itertools
 import os
@@ -17,6 +18,7 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from ..errors import (
     IsADirectoryRatarmountError,
+    IsASymlinkError,
     NotADirectoryRatarmountError,
     NotASymlinkError,
     NotFoundError,
@@ -202,14 +204,32 @@ class MountSource(ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _require(self, path: str) -> FileInfo:
-        info = self.lookup(normalize(path))
-        if info is None:
-            raise NotFoundError(2, "No such file or directory", path)
-        return info
+    def _require(self, path: "str | os.PathLike[str]") -> FileInfo:
+        """The entry at ``path``, or the error the OS would give: ENOENT, or ENOTDIR when the
+        path goes on below (or ends in a slash after) something that is not a folder."""
+        text = os.fspath(path)
+        found = normalize(text)
+        info = self.lookup(found)
+        if info is not None:
+            if text.endswith("/") and found != "/" and not info.is_dir:
+                raise NotADirectoryRatarmountError(20, "Not a directory", text)
+            return info
+        above = found
+        while above != "/":
+            above = above.rsplit("/", 1)[0] or "/"
+            parent = self.lookup(above)
+            if parent is not None:
+                if not parent.is_dir:
+                    raise NotADirectoryRatarmountError(20, "Not a directory", text)
+                break
+        raise NotFoundError(2, "No such file or directory", text)
 
-    def exists(self, path: str) -> bool:
-        return self.lookup(normalize(path)) is not None
+    def exists(self, path: "str | os.PathLike[str]") -> bool:
+        try:
+            self._require(path)
+        except (NotFoundError, NotADirectoryRatarmountError):
+            return False
+        return True
 
     def stat(self, path: str) -> os.stat_result:
         return self._require(path).to_stat_result()
@@ -221,11 +241,11 @@ class MountSource(ABC):
         info = self.lookup(normalize(path))
         return info is not None and info.is_dir
 
-    def listdir(self, path: str = "/") -> List[str]:
-        entries = self.list_entries(normalize(path))
+    def listdir(self, path: "str | os.PathLike[str]" = "/") -> List[str]:
+        entries = self.list_entries(normalize(os.fspath(path)))
         if entries is None:
             self._require(path)
-            raise NotADirectoryRatarmountError(20, "Not a directory", path)
+            raise NotADirectoryRatarmountError(20, "Not a directory", os.fspath(path))
         return sorted(name for name, _ in entries)
 
     def readlink(self, path: str) -> str:
@@ -239,7 +259,9 @@ class MountSource(ABC):
         resolves them); open their target path yourself."""
         info = self._require(path)
         if info.is_dir:
-            raise IsADirectoryRatarmountError(21, "Is a directory", path)
+            raise IsADirectoryRatarmountError(21, "Is a directory", os.fspath(path))
+        if info.is_symlink:
+            raise IsASymlinkError(errno.ELOOP, "Is a symbolic link (links are not followed)", os.fspath(path))
         raw = self.open_info(info)
         return io.BufferedReader(raw, buffer_size=max(buffering, 1))  # type: ignore[arg-type]
 

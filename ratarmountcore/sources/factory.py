@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Sequence, Union
 
@@ -12,12 +13,25 @@ from .base import MountSource
 
 def open_source(source: Union[str, Sequence[str]], options: OpenOptions) -> MountSource:
     opened = _open(source, options)
-    # How to open it again (``MountSource.__reduce__``), from any working folder.
+    # How to open it again (``MountSource.__reduce__``), from any working folder, with the index
+    # it has now (not rebuilt by every worker that unpickles it).
+    again = _reopen_options(options)
     if isinstance(source, (str, os.PathLike)):
-        opened.reopen_args = (os.path.abspath(source), options)
+        opened.reopen_args = (os.path.abspath(source), again)
     else:
-        opened.reopen_args = ([os.path.abspath(p) for p in source], options)
+        opened.reopen_args = ([os.path.abspath(p) for p in source], again)
     return opened
+
+
+def _reopen_options(options: OpenOptions) -> OpenOptions:
+    """``options`` for opening the same source again elsewhere: index paths made absolute
+    ("" -- beside the archive -- stays), and no ``recreate`` (the index was just made)."""
+    index = options.index
+    folders = tuple(os.path.abspath(os.path.expanduser(f)) if f else f for f in index.index_folders)
+    index_file = os.path.abspath(os.path.expanduser(index.index_file)) if index.index_file else index.index_file
+    return dataclasses.replace(
+        options, index=dataclasses.replace(index, index_file=index_file, index_folders=folders, recreate=False)
+    )
 
 
 def _open(source: Union[str, Sequence[str]], options: OpenOptions) -> MountSource:
