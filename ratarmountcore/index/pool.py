@@ -37,7 +37,7 @@ import threading
 import weakref
 from typing import Any, List, Optional, Tuple
 
-from ..io import forks
+from ..io import forks, sqlite_gate
 from .warm import IndexWarmer
 
 logger = logging.getLogger(__name__)
@@ -218,15 +218,16 @@ class ConnectionPool:
         if warmer is not None:
             warmer.poke()
         self._last_used = next(_TICKS)
-        conn = self._borrow()
-        try:
-            cursor = conn.execute(sql, params)
-            return cursor.fetchone() if one else cursor.fetchall()
-        finally:
-            with self._lock:
-                if conn in self._all:  # (not when the pool was closed meanwhile)
-                    self._idle.append(conn)
-                    self._returned.notify()
+        with sqlite_gate.gate:  # (no fork while inside SQLite: see io/sqlite_gate.py)
+            conn = self._borrow()
+            try:
+                cursor = conn.execute(sql, params)
+                return cursor.fetchone() if one else cursor.fetchall()
+            finally:
+                with self._lock:
+                    if conn in self._all:  # (not when the pool was closed meanwhile)
+                        self._idle.append(conn)
+                        self._returned.notify()
 
     def _close_idle(self, most: int) -> int:
         """Close up to ``most`` idle connections (the process has too many open); how many. A
@@ -238,8 +239,9 @@ class ConnectionPool:
             del self._idle[: len(closing)]
             for conn in closing:
                 self._all.remove(conn)
-        for conn in closing:
-            conn.close()
+        with sqlite_gate.gate:
+            for conn in closing:
+                conn.close()
         _IDLE.closed(len(closing))
         return len(closing)
 
@@ -255,7 +257,7 @@ class ConnectionPool:
     def close(self) -> None:
         if self._warmer is not None:
             self._warmer.close()
-        with self._lock:
+        with sqlite_gate.gate, self._lock:
             connections = list(self._all)
             for conn in connections:
                 conn.close()

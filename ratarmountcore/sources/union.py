@@ -26,7 +26,7 @@ from ..index.sqlite_index import (
     plain_mtimes,
     split_path,
 )
-from ..io import forks
+from ..io import forks, sqlite_gate
 from ..io.readers import MemberFile
 from ..options import IndexOptions
 from . import union_cache
@@ -194,7 +194,7 @@ class UnionSource(MountSource):
             self._renew()
         if self._pool is not None:
             return self._pool.query(sql, params)  # type: ignore[no-any-return]
-        with self._lock:
+        with self._lock, sqlite_gate.gate:
             return self._memory.execute(sql, params).fetchall()
 
     def _winner(self, path: str) -> Optional[int]:
