@@ -16,7 +16,7 @@ from ratarmountcore import __version__
 from ratarmountcore.errors import RatarmountError
 from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
 
-from .termination import Terminated, exit_status, raise_on_sigterm
+from .termination import ended_by, exit_status, raise_on_sigterm
 from .workers import loop_threads
 
 logger = logging.getLogger("ratarmount")
@@ -417,7 +417,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         return mount(options)
     except KeyboardInterrupt as interrupt:
-        print(f"ratarmount: {'terminated' if isinstance(interrupt, Terminated) else 'interrupted'}", file=sys.stderr)
+        print(f"ratarmount: {ended_by(interrupt)}", file=sys.stderr)
         return exit_status(interrupt)
     except BrokenPipeError:
         return quiet_broken_pipe()

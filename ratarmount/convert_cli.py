@@ -14,7 +14,7 @@ from ratarmountcore.errors import RatarmountError
 from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
 
 from .cli import parse_index_folders
-from .termination import Terminated, exit_status, raise_on_sigterm
+from .termination import ended_by, exit_status, raise_on_sigterm
 
 logger = logging.getLogger("ratarmount.convert")
 
@@ -93,8 +93,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             overwrite=args.force,
         )
     except KeyboardInterrupt as interrupt:
-        said = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
-        print(f"ratarmount-convert: {said}", file=sys.stderr)
+        print(f"ratarmount-convert: {ended_by(interrupt)}", file=sys.stderr)
         return exit_status(interrupt)
     except (RatarmountError, OSError, ValueError) as exc:
         if args.debug:

@@ -37,14 +37,20 @@ FOPEN_KEEP_CACHE = 1 << 1
 FOPEN_CACHE_DIR = 1 << 3
 
 
-def _attr_values(info: FileInfo, ino: int) -> Tuple[int, ...]:
-    """The fields of ``struct fuse_attr`` for ``info``, shown with inode number ``ino``."""
-    seconds, nanoseconds = divmod(info.mtime_ns, 1_000_000_000)
-    size = info.size
+def _attr_fields(
+    ino: int, mode: int, size: int, mtime_ns: int, uid: int, gid: int, nlink: int, rdev: int
+) -> Tuple[int, ...]:
+    """The fields of ``struct fuse_attr``, from an entry's attributes shown with inode number ``ino``."""
+    seconds, nanoseconds = divmod(mtime_ns, 1_000_000_000)
     return (
         ino, size, (size + 511) // 512, seconds, seconds, seconds, nanoseconds, nanoseconds, nanoseconds,
-        info.mode, info.nlink, info.uid, info.gid, info.rdev, 4096, 0,
+        mode, nlink, uid, gid, rdev, 4096, 0,
     )  # fmt: skip
+
+
+def _attr_values(info: FileInfo, ino: int) -> Tuple[int, ...]:
+    """The fields of ``struct fuse_attr`` for ``info``, shown with inode number ``ino``."""
+    return _attr_fields(ino, info.mode, info.size, info.mtime_ns, info.uid, info.gid, info.nlink, info.rdev)
 
 
 def pack_attr(info: FileInfo) -> bytes:
@@ -57,20 +63,11 @@ def entry_out(node: int, attr: bytes, timeout: int) -> bytes:
     return _ENTRY_HEAD.pack(node, 0, timeout, timeout, 0, 0) + attr
 
 
-#: struct fuse_entry_out with its fuse_attr, in one call
-_ENTRY = struct.Struct(_ENTRY_HEAD.format + _ATTR.format[1:])
-
-
 def entry_out_of(
     node: int, timeout: int, ino: int, mode: int, size: int, mtime_ns: int, uid: int, gid: int, nlink: int, rdev: int
 ) -> bytes:
     """``entry_out`` from plain fields (a ``StatRow``'s), the attributes as ``pack_attr`` makes them."""
-    seconds, nanoseconds = divmod(mtime_ns, 1_000_000_000)
-    return _ENTRY.pack(
-        node, 0, timeout, timeout, 0, 0,
-        ino, size, (size + 511) // 512, seconds, seconds, seconds, nanoseconds, nanoseconds, nanoseconds,
-        mode, nlink, uid, gid, rdev, 4096, 0,
-    )  # fmt: skip
+    return entry_out(node, _ATTR.pack(*_attr_fields(ino, mode, size, mtime_ns, uid, gid, nlink, rdev)), timeout)
 
 
 NEGATIVE_ATTR = bytes(ATTR_SIZE)

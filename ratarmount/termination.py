@@ -33,6 +33,11 @@ def raise_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, _raise_terminated)
 
 
+def ended_by(interrupt: KeyboardInterrupt) -> str:
+    """What to tell the user: "terminated" (SIGTERM) or "interrupted" (Ctrl-C)."""
+    return "terminated" if isinstance(interrupt, Terminated) else "interrupted"
+
+
 def exit_status(interrupt: KeyboardInterrupt) -> int:
     """The exit status for Ctrl-C (130) or SIGTERM (143)."""
     return EXIT_STATUS if isinstance(interrupt, Terminated) else 128 + signal.SIGINT

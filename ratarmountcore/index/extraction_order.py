@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Set, Tuple
 
-ROOT = b"/"
+from .paths import ROOT, join_path, parent_and_name
 
 
 class _Node:
@@ -37,10 +37,6 @@ class _Node:
         self.archive = archive
 
 
-def _path(parent: bytes, name: bytes) -> bytes:
-    return ROOT + name if parent == ROOT else parent + b"/" + name
-
-
 def replay(rows: Iterable[Tuple[int, bytes, bytes, bool, bool]]) -> Tuple[Set[int], List[bytes]]:
     """``rows``: (id, parent, name, is a folder, is an archive's folder) of every member in
     archive order; the archive's own "./" member has parent and name ``b""``. Returns the ids
@@ -53,7 +49,7 @@ def replay(rows: Iterable[Tuple[int, bytes, bytes, bool, bool]]) -> Tuple[Set[in
             continue
         if not _make_parents(tree, parent):
             continue
-        path = _path(parent, name)
+        path = join_path(parent, name)
         node = tree.get(path)
         if node is None:
             tree[path] = _Node(is_dir, row, archive)
@@ -80,7 +76,7 @@ def _make_parents(tree: Dict[bytes, _Node], parent: bytes) -> bool:
     if node is not None:
         return node.is_dir
     missing = [parent]
-    above = parent.rpartition(b"/")[0] or ROOT
+    above = parent_and_name(parent)[0]
     while True:
         node = tree.get(above)
         if node is not None:
@@ -88,8 +84,8 @@ def _make_parents(tree: Dict[bytes, _Node], parent: bytes) -> bool:
                 return False
             break
         missing.append(above)
-        above = above.rpartition(b"/")[0] or ROOT
+        above = parent_and_name(above)[0]
     for path in reversed(missing):
         tree[path] = _Node(True, 0)
-        tree[path.rpartition(b"/")[0] or ROOT].children += 1
+        tree[parent_and_name(path)[0]].children += 1
     return True

@@ -22,6 +22,7 @@ from ..errors import InvalidIndexError, StaleIndexError
 from ..tar.scanner import KIND_DIR, KIND_HARDLINK, MemberRecord
 from . import dirents, extraction_order
 from .fingerprint import ArchiveStats
+from .paths import parent_and_name
 from .pool import ConnectionPool, read_only_uri
 
 logger = logging.getLogger(__name__)
@@ -447,9 +448,7 @@ class IndexWriter:
         kept, made = extraction_order.replay((i, parent, name, bool(d), i in archives) for i, parent, name, d in rows)
         conn.execute("UPDATE files SET latest = 0")
         conn.executemany("UPDATE files SET latest = 1 WHERE id = ?", ((row_id,) for row_id in sorted(kept)))
-        self._insert_implicit_dirs(
-            ((path.rpartition(b"/")[0] or b"/", path.rpartition(b"/")[2]) for path in made), mtime_ns, uid, gid
-        )
+        self._insert_implicit_dirs(map(parent_and_name, made), mtime_ns, uid, gid)
 
     def _mark_overwritten(self) -> None:
         self._conn.execute(

@@ -16,6 +16,7 @@ from ..index.builder import open_or_build
 from ..index.dirents import DirentBlock
 from ..index.fingerprint import archive_stats
 from ..index.folder_rows import FolderRows
+from ..index.paths import join_path
 from ..index.sqlite_index import (
     IndexReader,
     IndexWriter,
@@ -201,7 +202,7 @@ class ArchiveSource(RenewedAfterFork, MountSource):
         parent, name = row[1], row[2]
         if not parent:
             return None  # the archive's own "./" entry is the root (inode 1)
-        path = _decode(parent + b"/" + name if parent != b"/" else b"/" + name)
+        path = _decode(join_path(parent, name))
         return path, row_to_info(row)
 
     def list_entries(self, path: str) -> Optional[Iterable[Tuple[str, FileInfo]]]:

@@ -225,11 +225,11 @@ class MountSource(ABC):
         raise NotFoundError(2, "No such file or directory", text)
 
     def exists(self, path: "str | os.PathLike[str]") -> bool:
-        try:
-            self._require(path)
-        except (NotFoundError, NotADirectoryRatarmountError):
-            return False
-        return True
+        text = os.fspath(path)
+        found = normalize(text)
+        info = self.lookup(found)
+        # (No walk up a missing path: which error it would be does not matter here.)
+        return info is not None and (info.is_dir or not text.endswith("/") or found == "/")
 
     def stat(self, path: str) -> os.stat_result:
         return self._require(path).to_stat_result()

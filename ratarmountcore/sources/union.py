@@ -16,6 +16,7 @@ import stat
 import threading
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
+from ..index.paths import join_path
 from ..index.pool import ConnectionPool, read_only_uri
 from ..index.sqlite_index import (
     _INT64_MAX,
@@ -61,7 +62,7 @@ def _drop_below(conn: sqlite3.Connection, folders: Sequence[Tuple[bytes, bytes]]
     those folders by files, links or devices, which take what was in them along (as a file
     replacing a folder would on disk); a folder of a still later source starts empty."""
     for parent, name in folders:
-        path = b"/" + name if parent == b"/" else parent + b"/" + name
+        path = join_path(parent, name)
         # (Every path below: the folder's own entries, and those whose parent starts with
         # "path/"; "0" follows "/" in byte order.)
         conn.execute(
@@ -207,7 +208,7 @@ class UnionSource(MountSource):
     # --- MountSource --------------------------------------------------------------------------
     @property
     def is_immutable(self) -> bool:
-        return all(source.is_immutable for source in self.sources)
+        return self._immutable
 
     def is_immutable_entry(self, info: FileInfo) -> bool:
         locator = info.locator
@@ -268,7 +269,7 @@ class UnionSource(MountSource):
             if not rows:
                 return None
             parent, name = rows[0]
-            path = (b"/" + name if parent == b"/" else parent + b"/" + name).decode("utf-8", "surrogateescape")
+            path = join_path(parent, name).decode("utf-8", "surrogateescape")
             info = self.sources[number].lookup(path)
             return None if info is None else (path, self._wrap(number, info))
         return found[0], self._wrap(number, found[1])

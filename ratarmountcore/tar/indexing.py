@@ -22,7 +22,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
-from ..errors import ArchiveError, RatarmountError, TruncatedArchiveError
+from ..errors import ArchiveError, RatarmountError
 from ..formats import COMPRESSIONS, FormatId, sniff_bytes, stripped_tar_name
 from ..index.sqlite_index import IndexWriter
 from ..io.readers import FileWindow, RandomAccessReader, ReaderStream
@@ -150,13 +150,9 @@ def _scan(
     progress = ctx.on_progress if depth == 0 else None
     add = ctx.writer.add
     descend = ctx.recursive and depth < MAX_DEPTH
-    # An inner tar is a window of the outer stream: reads of a member that runs past the
-    # window's end would go on into the outer archive's next bytes. (The top-level archive's
-    # scan fails on such a member at its end.)
-    window = size if prefix else None
-    for record in TarScanner(stream, ctx.label, progress):  # type: ignore[arg-type]
-        if window is not None and record.offset_data + _stored_size(record) > window:
-            raise TruncatedArchiveError(f"{record.path} ends after the end of the archive ({window} bytes)")
+    # An inner tar is a window of the outer stream: a member running past the window's end is
+    # not taken (its reads would go on into the outer archive's next bytes).
+    for record in TarScanner(stream, ctx.label, progress, end=size if prefix else None):  # type: ignore[arg-type]
         if prefix:
             record.path = prefix + record.path if record.path != "/" else prefix
             if record.path == prefix:
@@ -185,13 +181,6 @@ def _scan(
         else:
             ctx.writer.add(record, source)
             ctx.count += 1
-
-
-def _stored_size(record: MemberRecord) -> int:
-    """The bytes of data that follow the member's header(s) in the archive."""
-    if record.sparse is not None:
-        return sum(length for _offset, length in record.sparse)
-    return record.size if record.kind == KIND_FILE else 0
 
 
 def _descend(ctx: _Context, record: MemberRecord, scan: Callable[[], None]) -> None:

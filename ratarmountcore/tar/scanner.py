@@ -210,7 +210,10 @@ class TarScanner:
     """Iterate the members of a tar stream.
 
     ``stream`` must support ``read`` and ``seek``; forward seeks on a decompressor are fine.
-    ``on_progress(position)`` is called every few hundred members.
+    ``on_progress(position)`` is called every few hundred members. ``end``: where the archive
+    ends for sure (an archive inside another, read through a window of the outer one): a member
+    whose data runs past it is not yielded (``TruncatedArchiveError``), since reads of it would
+    go on into what follows the window. Without it, such a member fails the scan at its end.
     """
 
     def __init__(
@@ -218,10 +221,12 @@ class TarScanner:
         stream: BinaryIO,
         name: str = "archive",
         on_progress: Optional[Callable[[int], None]] = None,
+        end: Optional[int] = None,
     ) -> None:
         self._stream = stream
         self._name = name
         self._on_progress = on_progress
+        self._end = end
         self._global_pax: Dict[str, bytes] = {}
 
     # --- helpers -------------------------------------------------------------------------------
@@ -253,6 +258,7 @@ class TarScanner:
         buf_start = 0
         unpack_header = _HEADER.unpack_from
         on_progress = self._on_progress
+        end = self._end
 
         while True:
             off = pos - buf_start
@@ -343,6 +349,8 @@ class TarScanner:
                         )
                 if record is not None:
                     data_end = pos + BLOCK + (size if typeflag not in _NO_DATA else 0)
+                    if end is not None and data_end > end:
+                        raise TruncatedArchiveError(f"{record.path} ends after the end of the archive ({end} bytes)")
                     if data_end > last_data_end:
                         last_data_end = data_end
                     pos = data_end + (-data_end & (BLOCK - 1))
@@ -394,6 +402,8 @@ class TarScanner:
                 record, data_end = self._make_record(block, pos, header_start, size, long_name, long_link, pax)
             if typeflag in _NO_DATA:
                 data_end = pos + BLOCK  # (whatever the size field says)
+            if end is not None and data_end > end:
+                raise TruncatedArchiveError(f"{record.path} ends after the end of the archive ({end} bytes)")
             long_name = long_link = pax = None
             header_start = None
             last_data_end = max(last_data_end, data_end)
