@@ -129,3 +129,45 @@ def test_an_instance_with_momentum_is_preferred_when_nearly_as_close() -> None:
             slot.position = 2000
         with pool.acquire(2100) as slot:  # more than ``near`` apart: the closest, momentum or not
             assert slot.position == 2000
+
+
+def test_a_fork_waits_for_uses_and_closes_every_instance_first() -> None:
+    """Pools whose instances run threads that call into Python hold none at a fork (see
+    pool.py): the fork waits for the use in progress, keeps other uses out until it is done,
+    closes the instances, and the parent makes new ones afterwards."""
+    import os
+
+    counter = itertools.count()
+    closed: list = []
+    pool: InstancePool = InstancePool(lambda: Slot(instance=next(counter)), closed.append, 1, close_before_fork=True)
+    busy = threading.Event()
+    events: list = []
+
+    def long_use() -> None:
+        with pool.acquire(None):  # instance 0, busy when the fork starts
+            busy.set()
+            time.sleep(0.4)
+            events.append("use ended")
+
+    def waiting_use() -> None:
+        with pool.acquire(None) as slot:  # waits for the only instance, from before the fork
+            events.append(("waiting use", slot.instance))
+
+    threads = [threading.Thread(target=long_use), threading.Thread(target=waiting_use)]
+    threads[0].start()
+    busy.wait(10)
+    threads[1].start()
+    time.sleep(0.1)
+    begin = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    waited = time.monotonic() - begin
+    os.waitpid(pid, 0)
+    for thread in threads:
+        thread.join()
+    # (The use given back must wake the fork, not only the use waiting before it.)
+    assert 0.15 <= waited < 5, waited
+    assert closed == [0]
+    assert events == ["use ended", ("waiting use", 1)]  # after the fork, on a new instance
+    pool.close()

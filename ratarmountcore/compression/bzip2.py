@@ -44,6 +44,7 @@ class Bzip2Reader(PooledReader):
     #: span cache (as for gzip) were no answer: rapidgzip's serial bzip2 decoder is its old,
     #: slower one (1,000 random reads of the 100,000-file archive +35%).
     threads_within_cores: ClassVar[bool] = True
+    threads_call_python: ClassVar[bool] = True
 
     def _open_decoder(self, raw: Union[str, FdFile], threads: int) -> Any:
         import rapidgzip

@@ -347,6 +347,7 @@ class RapidgzipReader(_GzipReader):
     (rapidgzip's ``chunk_size``), exported in gztool format (compressed windows)."""
 
     backend_name: ClassVar[str] = "rapidgzip"
+    threads_call_python: ClassVar[bool] = True
     #: A span-cache miss decodes one chunk: single-threaded decoders do it without the parallel
     #: decoder's speculative work on the following chunks (1,000 random reads from a 100,000-file
     #: .tar.gz through the mount: 20% less CPU, 5% faster). Scans and large reads keep all cores.

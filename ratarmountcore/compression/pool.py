@@ -18,6 +18,14 @@ of many compressed archives.
 
 All pools still open at interpreter exit are closed by an ``atexit`` hook: some libraries abort
 the process if their worker threads are still running during finalization.
+
+Pools made with ``close_before_fork`` have no instance at a fork: the fork waits for the uses in
+progress (at most ``FORK_WAIT`` seconds), keeps new ones out and closes every instance, which are
+made anew (with the stored seek points) when the parent reads again. rapidgzip's worker threads
+take the GIL around every read of the compressed file (``PyGILState_Ensure``), and CPython before
+3.12 makes such a thread's state under a process-wide lock it only resets *after* it used it in
+the child (cpython#112275): a fork at that moment hung the child before any of its code ran
+(1-2 forks in 300 with bzip2 decoders busy in the parent). With no decoder there is no such thread.
 """
 
 from __future__ import annotations
@@ -27,13 +35,17 @@ import bisect
 import collections
 import contextlib
 import logging
+import os
 import threading
 import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, Tuple, TypeVar
 
-from ..io import forks
+from ..io import (
+    forks,
+    sqlite_gate,  # noqa: F401 - its fork hook is registered first, so it runs after ours
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +55,8 @@ T = TypeVar("T")
 IDLE_LIMIT = 16
 #: Longest wait for an instance that is about to reach the requested offset (seconds).
 ARRIVAL_WAIT = 0.25
+#: The longest a fork waits for the uses of ``close_before_fork`` pools in progress (seconds).
+FORK_WAIT = 10.0
 
 
 @dataclass(eq=False)
@@ -97,6 +111,7 @@ class InstancePool(Generic[T]):
         grow_before_rewind: bool = False,
         momentum: Optional[Callable[[T], bool]] = None,
         near: int = 0,
+        close_before_fork: bool = False,
     ) -> None:
         """``grow_before_rewind``: for instances that can only move forward (a stream inside a
         large frame restarts from the frame start to go back), a use with no idle instance
@@ -126,7 +141,11 @@ class InstancePool(Generic[T]):
         #: Where the offsets the instances move in end (a frame's or file's size), for choosing
         #: which instance to rewind (``_least_useful``); None: unknown.
         self.extent: Optional[int] = None
+        #: True from a fork's start to its end in the parent: uses wait.
+        self._forking = False
         _LIVE_POOLS.add(self)
+        if close_before_fork:
+            _CLOSED_AT_FORK.add(self)
 
     @property
     def max_instances(self) -> int:
@@ -236,6 +255,9 @@ class InstancePool(Generic[T]):
             while True:
                 if self._closed:
                     raise ValueError("I/O operation on a closed compressed file")
+                if self._forking:
+                    self._cond.wait()
+                    continue
                 if self._idle and not self._grow_here(offset):
                     slot = self._pick(offset)
                     break
@@ -251,7 +273,7 @@ class InstancePool(Generic[T]):
         except BaseException:
             with self._cond:
                 self._live -= 1
-                self._cond.notify()
+                self._wake()
             raise
 
     def _give_back(self, slot: Slot[T], ok: bool) -> None:
@@ -261,11 +283,19 @@ class InstancePool(Generic[T]):
                 self._idle.append(slot)
             else:
                 self._live -= 1
-            self._cond.notify()
+            self._wake()
         if keep:
             _IDLE.touch(self, slot)
         else:
             self._safe_close(slot.instance)
+
+    def _wake(self) -> None:
+        """(Under the lock.) An instance is free: wake a use waiting for one, or all waiters
+        during a fork (which waits among the uses it keeps out)."""
+        if self._forking:
+            self._cond.notify_all()
+        else:
+            self._cond.notify()
 
     def _evict(self, slot: Slot[T]) -> None:
         """Close ``slot`` if it is still idle here (called by the process-wide idle limit)."""
@@ -294,6 +324,28 @@ class InstancePool(Generic[T]):
         except Exception as exc:  # closing must not mask the original problem
             logger.debug("Closing a decoder failed: %s", exc)
 
+    def _empty_for_fork(self, deadline: float) -> None:
+        """Keep new uses out, wait (until ``deadline``) for those in progress, close every
+        instance. ``_resume_after_fork`` lets uses in again."""
+        with self._cond:
+            self._forking = True
+            while self._live > len(self._idle):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    logger.debug("forking while %d decoder(s) are in use", self._live - len(self._idle))
+                    break
+                self._cond.wait(remaining)
+            idle, self._idle = self._idle, []
+            self._live -= len(idle)
+        for slot in idle:
+            _IDLE.forget(slot)
+            self._safe_close(slot.instance)
+
+    def _resume_after_fork(self) -> None:
+        with self._cond:
+            self._forking = False
+            self._cond.notify_all()
+
     def close(self) -> None:
         """Close idle instances now; busy ones are closed when they are given back."""
         with self._cond:
@@ -308,17 +360,35 @@ class InstancePool(Generic[T]):
 
 
 _LIVE_POOLS: "weakref.WeakSet[InstancePool[Any]]" = weakref.WeakSet()
+#: The pools made with ``close_before_fork``.
+_CLOSED_AT_FORK: "weakref.WeakSet[InstancePool[Any]]" = weakref.WeakSet()
 
 
 def _new_registries_in_child() -> None:
     """The parent's pools hold decoders whose threads are not in a child: they are parked
     (io/forks.py), never evicted, used or closed there (not at exit either)."""
-    global _IDLE, _LIVE_POOLS
+    global _IDLE, _LIVE_POOLS, _CLOSED_AT_FORK
     _IDLE = _IdleRegistry()
     _LIVE_POOLS = weakref.WeakSet()
+    _CLOSED_AT_FORK = weakref.WeakSet()
 
 
 forks.in_child(_new_registries_in_child)
+
+
+def _before_fork() -> None:
+    deadline = time.monotonic() + FORK_WAIT
+    for pool in list(_CLOSED_AT_FORK):
+        pool._empty_for_fork(deadline)
+
+
+def _after_fork_in_parent() -> None:
+    for pool in list(_CLOSED_AT_FORK):
+        pool._resume_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)
 
 
 @atexit.register

@@ -79,6 +79,9 @@ class PooledReader(CompressedReader):
     reads_in_step: ClassVar[bool] = True
     #: Threads per core of the parallel decoders when the user leaves ``-P`` at its default.
     default_oversubscription: ClassVar[int] = 1
+    #: Whether the decoders run threads that call into Python (rapidgzip's take the GIL to read
+    #: the file): they are closed before a fork (``InstancePool(close_before_fork=...)``).
+    threads_call_python: ClassVar[bool] = False
 
     def __init__(self, path: str, plain: PlainFile, options: CompressionOptions) -> None:
         super().__init__(path, plain, options)
@@ -110,11 +113,19 @@ class PooledReader(CompressedReader):
         separate = span_threads is not None and span_threads != threads
         #: Decoders for scans and large reads (with the coarse seek points when there are two pools).
         self._pool: InstancePool[Any] = InstancePool(
-            lambda: self._new_slot(threads, coarse=separate, scans=True), self._close_decoder, count
+            lambda: self._new_slot(threads, coarse=separate, scans=True),
+            self._close_decoder,
+            count,
+            close_before_fork=self.threads_call_python,
         )
         #: Decoders for span-cache misses (the same pool unless ``span_decoder_threads`` differs).
         self._span_pool: InstancePool[Any] = (
-            InstancePool(lambda: self._new_slot(span_threads or 1), self._close_decoder, count)
+            InstancePool(
+                lambda: self._new_slot(span_threads or 1),
+                self._close_decoder,
+                count,
+                close_before_fork=self.threads_call_python,
+            )
             if separate
             else self._pool
         )
