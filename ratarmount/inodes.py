@@ -4,13 +4,20 @@ The kernel names files by node ids that we hand out in LOOKUP and READDIRPLUS re
 how often it has been given each id and returns the count in FORGET once it drops the inode. The
 table maps ids to paths of the ``MountSource`` and frees an id when its count reaches zero, so its
 size follows the kernel's inode cache, not the size of the archive. The root is id 1 for ever.
+
+A folder's regular files are named by the host file instead of the path (``identity``, see
+``MountSource.host_identity``): a file renamed over another gets an id of
+its own, so the kernel keeps the two apart (a process still reading the old one reads its bytes,
+not the new file's through a shared page cache), and all names of a hard-linked file share one.
+Such an id keeps the file's last path and its entry as looked up, for when the name no longer
+leads to it.
 """
 
 from __future__ import annotations
 
 import errno
 import threading
-from typing import Dict, Iterable, List, Sequence
+from typing import Any, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
 ROOT_ID = 1
 
@@ -27,9 +34,9 @@ class InodeTable:
         """Ids are handed out from ``first`` on (above the inode numbers of a source that names
         its entries itself, see ``MountSource.by_ino``)."""
         self._lock = threading.Lock()
-        #: id -> [path, lookup count]
-        self._nodes: Dict[int, List[object]] = {ROOT_ID: ["/", 1]}
-        self._ids: Dict[str, int] = {"/": ROOT_ID}
+        #: id -> [path, lookup count, key (the path or a host identity), entry held (or None)]
+        self._nodes: Dict[int, List[Any]] = {ROOT_ID: ["/", 1, "/", None]}
+        self._ids: Dict[Hashable, int] = {"/": ROOT_ID}
         self.first = first
         self._next = first
 
@@ -40,26 +47,40 @@ class InodeTable:
         entry = self._nodes.get(node)
         if entry is None:
             raise StaleNodeError(node)
-        return entry[0]  # type: ignore[return-value]
+        return entry[0]  # type: ignore[no-any-return]
 
-    def remember(self, path: str) -> int:
-        """The id of ``path``, counting one more reference held by the kernel."""
+    def held(self, node: int) -> Optional[Tuple[Hashable, Any]]:
+        """The host identity and the entry of a node named by a host file, else None."""
+        entry = self._nodes.get(node)
+        if entry is None or entry[3] is None:
+            return None
+        return entry[2], entry[3]
+
+    def remember(self, path: str, identity: Optional[Hashable] = None, entry: Any = None) -> int:
+        """The id of ``path`` (of the host file ``identity`` with its ``entry``, when given),
+        counting one more reference held by the kernel."""
         with self._lock:
-            return self._remember(path)
+            return self._remember(path, identity, entry)
 
-    def remember_all(self, paths: Iterable[str]) -> List[int]:
+    def remember_all(self, items: Iterable[Tuple[str, Optional[Hashable], Any]]) -> List[int]:
+        """``remember`` for (path, identity, entry) triples."""
         with self._lock:
-            return [self._remember(path) for path in paths]
+            return [self._remember(path, identity, entry) for path, identity, entry in items]
 
-    def _remember(self, path: str) -> int:
-        node = self._ids.get(path)
+    def _remember(self, path: str, identity: Optional[Hashable], entry: Any) -> int:
+        key = path if identity is None else identity
+        node = self._ids.get(key)
         if node is None:
             node = self._next
             self._next += 1
-            self._ids[path] = node
-            self._nodes[node] = [path, 1]
+            self._ids[key] = node
+            self._nodes[node] = [path, 1, key, None if identity is None else entry]
         else:
-            self._nodes[node][1] += 1  # type: ignore[operator]
+            held = self._nodes[node]
+            held[1] += 1
+            if identity is not None:  # (the name it was found under last, and as it is now)
+                held[0] = path
+                held[3] = entry
         return node
 
     def forget(self, node: int, count: int) -> None:
@@ -82,9 +103,9 @@ class InodeTable:
         entry = self._nodes.get(node)
         if entry is None:
             return
-        left = entry[1] - count  # type: ignore[operator]
+        left = entry[1] - count
         if left > 0:
             entry[1] = left
         else:
             del self._nodes[node]
-            del self._ids[entry[0]]  # type: ignore[arg-type]
+            del self._ids[entry[2]]

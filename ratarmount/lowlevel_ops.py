@@ -199,7 +199,7 @@ class LowLevelOperations:
 
     def _node_of(self, path: str, info: FileInfo) -> int:
         """The node id to give the kernel for ``path`` (counted once more when from the table)."""
-        return self._own_node(info) or self.nodes.remember(path)
+        return self._own_node(info) or self.nodes.remember(path, self.source.host_identity(info), info)
 
     def _resolve(self, node: int) -> Tuple[str, Entry]:
         """Path and entry of a node id the kernel holds."""
@@ -208,7 +208,16 @@ class LowLevelOperations:
             return found
         if node == ROOT_ID or node >= self.nodes.first:
             path = self.nodes.path(node)
-            return path, self._require(path)
+            held = self.nodes.held(node)
+            if held is None:
+                return path, self._require(path)
+            entry = self._entry(path)
+            if entry is not None and self.source.host_identity(entry[0]) == held[0]:
+                return path, entry
+            # The host file the kernel holds this node for was replaced or removed since: its
+            # attributes as looked up (a reader's fstat), and an open refuses the other file.
+            info: FileInfo = held[1]
+            return path, (info, abi.pack_attr(info))
         listed = self._listed_folders.get(node)
         if listed is not None:  # a folder the kernel got from a listing: by path, mostly cached
             entry = self._entry(listed)
@@ -668,7 +677,9 @@ class LowLevelOperations:
                 record[abi.ENTRY_SIZE :] if record else abi.dirent(info.ino or UNKNOWN_INO, index, name, info.mode)  # type: ignore[union-attr]
                 for index, (name, _path, info, record) in enumerate(page, start=offset + 1)
             )
-        missing = [path for _name, path, _info, record in page if not record]
+        missing = [
+            (path, info and self.source.host_identity(info), info) for _name, path, info, record in page if not record
+        ]
         if not missing:
             return b"".join(item[3] for item in page)
         nodes = iter(self.nodes.remember_all(missing))

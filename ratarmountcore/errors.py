@@ -39,6 +39,18 @@ class IsASymlinkError(RatarmountError, OSError):
     errno_code = errno.ELOOP
 
 
+class ReplacedFileError(RatarmountError, OSError):
+    """A folder's file was replaced (another file renamed over its name) since it was looked
+    up: it is not opened in its place (ESTALE; the kernel then looks the name up again)."""
+
+    errno_code = errno.ESTALE
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        if self.errno is None:
+            self.errno = self.errno_code
+
+
 class ArchiveError(RatarmountError, ValueError):
     """The archive cannot be read as what it claims to be."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import random
 import struct
 import tempfile
 import threading
@@ -407,3 +408,51 @@ def test_many_stale_indexes_of_one_folder_are_reported_once_in_short(
     named = [r for r in caplog.records if "does not match the archive" in r.getMessage()]
     summary = [r for r in caplog.records if "More indexes of archives in" in r.getMessage()]
     assert len(named) == 3 and len(summary) == 1 and str(root) in summary[0].getMessage()
+
+
+@pytest.mark.parametrize("union", [False, True])
+def test_a_reader_of_a_file_renamed_over_keeps_reading_its_own_bytes(
+    mounter: Mounter, tmp_path: Path, union: bool
+) -> None:
+    """A file of a mounted folder replaced by another renamed over its name (how tools update
+    files) is a new file to the kernel: a process that opened the old one reads the old bytes
+    and size to the end, never the new file's through a shared inode and page cache, while new
+    opens get the new file (a stale handle makes the kernel look the name up again)."""
+    root = tmp_path / "data"
+    root.mkdir()
+    old = random.Random(1).randbytes(300_000)
+    new = b"new file, shorter" * 100
+    (root / "f.bin").write_bytes(old)
+    archive = tmp_path / "below.tar"
+    archive.write_bytes(tar_bytes({"f.bin": b"hidden by the folder", "other": b"x"}))
+    mnt = mounter.mount(archive, root) if union else mounter.mount(root)
+    with open(mnt / "f.bin", "rb") as reader:
+        assert reader.read(4096) == old[:4096]
+        replacement = root / ".f.bin.tmp"
+        replacement.write_bytes(new)
+        os.rename(replacement, root / "f.bin")
+        time.sleep(1.2)  # (the kernel's entry for the name times out after 1 s)
+        with open(mnt / "f.bin", "rb") as second:
+            assert second.read() == new
+        assert os.fstat(reader.fileno()).st_size == len(old)
+        assert reader.read() == old[4096:]
+        # Opened again through the name the kernel had cached: the new file.
+        with open(mnt / "f.bin", "rb") as third:
+            assert third.read() == new
+    mounter.unmount(mnt)
+
+
+def test_hard_links_in_a_mounted_folder_share_an_inode_number(mounter: Mounter, tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    (root / "sub").mkdir(parents=True)
+    (root / "a").write_bytes(b"linked")
+    os.link(root / "a", root / "sub" / "b")
+    (root / "c").write_bytes(b"other")
+    mnt = mounter.mount(root)
+    a, b, c = (os.stat(mnt / name) for name in ("a", "sub/b", "c"))
+    assert a.st_ino == b.st_ino != c.st_ino
+    assert a.st_nlink == b.st_nlink == 2
+    listed = {entry.name: entry.inode() for entry in os.scandir(mnt)}
+    assert listed["a"] == a.st_ino
+    assert (mnt / "sub" / "b").read_bytes() == b"linked"
+    mounter.unmount(mnt)

@@ -39,7 +39,7 @@ import stat
 import threading
 from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-from ..errors import NotFoundError, RatarmountError
+from ..errors import NotFoundError, RatarmountError, ReplacedFileError
 from ..formats import COMPRESSIONS, TAR_EXTENSION, FormatId, sniff_bytes, stripped_tar_name
 from ..index.locations import INDEX_SUFFIX
 from ..io import forks
@@ -59,6 +59,9 @@ _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 class FileLocator(NamedTuple):
     #: Path relative to the folder ("a/b.txt").
     relative: str
+    #: The host's (device, inode number) of a regular file: which file the name led to when it
+    #: was looked up (see ``MountSource.host_identity``); (0, 0) for other entries.
+    identity: Tuple[int, int] = (0, 0)
 
 
 class MemberLocator(NamedTuple):
@@ -142,6 +145,12 @@ class DirectorySource(MountSource):
     @property
     def is_immutable(self) -> bool:
         return False
+
+    def host_identity(self, info: FileInfo) -> Optional[Tuple[int, int]]:
+        locator = info.locator
+        if isinstance(locator, FileLocator) and locator.identity != (0, 0):
+            return locator.identity
+        return None
 
     def is_immutable_entry(self, info: FileInfo) -> bool:
         # Members of an archive in the folder: the archive is watched like any other (an archive
@@ -364,7 +373,7 @@ class DirectorySource(MountSource):
         return FileInfo(
             mode=st.st_mode, size=st.st_size if not stat.S_ISDIR(st.st_mode) else 0, mtime_ns=st.st_mtime_ns,
             uid=st.st_uid, gid=st.st_gid, nlink=st.st_nlink, ino=0, linkname=linkname, rdev=st.st_rdev,
-            locator=FileLocator(relative),
+            locator=FileLocator(relative, (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else (0, 0)),
         )  # fmt: skip
 
     @staticmethod
@@ -576,9 +585,13 @@ class DirectorySource(MountSource):
         finally:
             self._done(resolved)
         reader = PlainFileReader.from_fd(os.path.join(self.path, locator.relative), fd)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             reader.close()
             raise NotFoundError(2, "not a regular file", locator.relative)
+        if locator.identity != (0, 0) and locator.identity != (st.st_dev, st.st_ino):
+            reader.close()
+            raise ReplacedFileError(errno.ESTALE, "replaced since it was looked up", locator.relative)
         return MemberFile(reader, 0, reader.size, name=locator.relative, on_close=reader.close)
 
     def statfs(self) -> Dict[str, int]:

@@ -216,6 +216,12 @@ class UnionSource(MountSource):
             return self.is_immutable  # (the root)
         return self.sources[locator.source].is_immutable_entry(locator.info)
 
+    def host_identity(self, info: FileInfo) -> Optional[Tuple[int, int]]:
+        locator = info.locator
+        if not isinstance(locator, UnionLocator):
+            return None
+        return self.sources[locator.source].host_identity(locator.info)
+
     def _ino(self, number: int, ino: int) -> int:
         """Source ``number``'s inode number ``ino`` in the union: the source's number above it. Left
         out (0: none, the front-end names the entry) when the source cannot find the entry by its
