@@ -456,3 +456,31 @@ def test_hard_links_in_a_mounted_folder_share_an_inode_number(mounter: Mounter, 
     assert listed["a"] == a.st_ino
     assert (mnt / "sub" / "b").read_bytes() == b"linked"
     mounter.unmount(mnt)
+
+
+@pytest.mark.parametrize("how", ["renamed over", "rewritten in place"])
+def test_members_of_a_replaced_archive_are_the_new_ones_after_a_second(
+    mounter: Mounter, tmp_path: Path, how: str
+) -> None:
+    """With -r, an archive of the folder replaced while mounted: its members, cached by the kernel
+    for a day as immutable entries, give way to the new archive's once the kernel looks the
+    archive's folder up again (after 1 s, as any entry of a folder), instead of failing (EIO)
+    or showing the old archive until the next mount."""
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "c.tar").write_bytes(tar_bytes({"x.txt": b"old x", "gone.txt": b"old only"}))
+    mnt = mounter.mount(root, extra=["-r"])
+    assert (mnt / "c.tar" / "x.txt").read_bytes() == b"old x"
+    assert (mnt / "c.tar" / "gone.txt").exists()
+    new = tar_bytes({"x.txt": b"the new x, longer", "added.txt": b"new"})
+    if how == "renamed over":
+        (root / ".c.tar.tmp").write_bytes(new)
+        os.rename(root / ".c.tar.tmp", root / "c.tar")
+    else:
+        (root / "c.tar").write_bytes(new)
+    time.sleep(1.2)
+    assert (mnt / "c.tar" / "x.txt").read_bytes() == b"the new x, longer"
+    assert os.stat(mnt / "c.tar" / "x.txt").st_size == len(b"the new x, longer")
+    assert sorted(os.listdir(mnt / "c.tar")) == ["added.txt", "x.txt"]
+    assert not (mnt / "c.tar" / "gone.txt").exists()
+    mounter.unmount(mnt)

@@ -172,12 +172,14 @@ class MountSource(ABC):
         folder source. Front-ends cache such entries as long as those of an immutable source."""
         return self.is_immutable
 
-    def host_identity(self, info: FileInfo) -> Optional[Tuple[int, int]]:
-        """The host's (device, inode number) of a regular file that is a file on the host (a
-        folder source's), as it was when ``info`` was made; None for anything else. Front-ends
-        name such files by it rather than by path: a file renamed over another is another file
-        (a process still reading the old one reads its bytes, not the new file's through a
-        shared kernel inode and page cache), and all names of a hard-linked file are one."""
+    def host_identity(self, info: FileInfo) -> Optional[Tuple[int, ...]]:
+        """Which host file an entry is, as it was when ``info`` was made: the host's (device,
+        inode number) of a folder source's regular file, and (device, inode number, size, mtime)
+        of an archive shown as a folder; None for anything else. Front-ends name such entries
+        by it rather than by path: a file renamed over another is another file (a process still
+        reading the old one reads its bytes, not the new file's through a shared kernel inode
+        and page cache), all names of a hard-linked file are one, and a replaced or rewritten
+        archive is a new folder, whose members the kernel looks up afresh."""
         return None
 
     def will_read(self, info: FileInfo) -> None:  # noqa: B027 - a hint, ignored by default

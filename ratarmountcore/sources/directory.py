@@ -119,6 +119,10 @@ class ArchiveLocator(NamedTuple):
     """The folder an archive of the folder is shown as (its attributes are the file's)."""
 
     relative: str
+    #: The archive file's (device, inode number, size, mtime): a rewritten or replaced archive is
+    #: another folder to a front-end (``MountSource.host_identity``), whose kernel then drops the
+    #: old archive's members, cached as immutable entries.
+    identity: Tuple[int, ...] = ()
 
 
 class DirectorySource(MountSource):
@@ -146,9 +150,11 @@ class DirectorySource(MountSource):
     def is_immutable(self) -> bool:
         return False
 
-    def host_identity(self, info: FileInfo) -> Optional[Tuple[int, int]]:
+    def host_identity(self, info: FileInfo) -> Optional[Tuple[int, ...]]:
         locator = info.locator
         if isinstance(locator, FileLocator) and locator.identity != (0, 0):
+            return locator.identity
+        if isinstance(locator, ArchiveLocator) and locator.identity:
             return locator.identity
         return None
 
@@ -365,7 +371,8 @@ class DirectorySource(MountSource):
             searchable = (permissions & 0o444) >> 2
             return FileInfo(
                 mode=stat.S_IFDIR | permissions | searchable, size=0, mtime_ns=st.st_mtime_ns,
-                uid=st.st_uid, gid=st.st_gid, nlink=1, ino=0, locator=ArchiveLocator(relative),
+                uid=st.st_uid, gid=st.st_gid, nlink=1, ino=0,
+                locator=ArchiveLocator(relative, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)),
             )  # fmt: skip
         linkname = ""
         if stat.S_ISLNK(st.st_mode):

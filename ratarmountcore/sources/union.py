@@ -216,7 +216,7 @@ class UnionSource(MountSource):
             return self.is_immutable  # (the root)
         return self.sources[locator.source].is_immutable_entry(locator.info)
 
-    def host_identity(self, info: FileInfo) -> Optional[Tuple[int, int]]:
+    def host_identity(self, info: FileInfo) -> Optional[Tuple[int, ...]]:
         locator = info.locator
         if not isinstance(locator, UnionLocator):
             return None
