@@ -484,3 +484,70 @@ def test_members_of_a_replaced_archive_are_the_new_ones_after_a_second(
     assert sorted(os.listdir(mnt / "c.tar")) == ["added.txt", "x.txt"]
     assert not (mnt / "c.tar" / "gone.txt").exists()
     mounter.unmount(mnt)
+
+
+def expected_union(layers: List[Dict[str, bytes]]) -> Dict[str, bytes]:
+    """What a union of ``layers`` (path -> content, later ones win) shows."""
+    shown: Dict[str, bytes] = {}
+    for layer in layers:
+        shown.update(layer)
+    return shown
+
+
+def union_files(list_dir, read, root: str = "") -> Dict[str, bytes]:  # type: ignore[no-untyped-def]
+    """Every file of a tree by walking its listings: path -> content."""
+    found: Dict[str, bytes] = {}
+    stack = [root]
+    while stack:
+        folder = stack.pop()
+        for name, is_dir in list_dir(folder):
+            path = f"{folder}/{name}"
+            if is_dir:
+                stack.append(path)
+            else:
+                found[path[len(root) :]] = read(path)
+    return found
+
+
+@pytest.mark.parametrize("order", ["folder last", "folder first", "folder between"])
+def test_union_with_a_folder_lists_the_folder_as_it_is_now(mounter: Mounter, tmp_path: Path, order: str) -> None:
+    """Files added to, replaced in and removed from a folder of a union after it was opened or
+    mounted: listings show the folder as it is now, as lookups do, with the sources' order kept
+    (a name in several sources is the last one's; a file removed from the folder shows an
+    earlier source's again)."""
+    below = {"/d/a.txt": b"tar a", "/d/b.txt": b"tar b", "/t.txt": b"tar only"}
+    above = {"/d/b.txt": b"second tar b", "/d/s.txt": b"second tar s"}
+    (tmp_path / "below.tar").write_bytes(tar_bytes({k[1:]: v for k, v in below.items()}))
+    (tmp_path / "above.tar").write_bytes(tar_bytes({k[1:]: v for k, v in above.items()}))
+    folder = tmp_path / "folder"
+    (folder / "d").mkdir(parents=True)
+    before = {"/d/a.txt": b"folder a", "/gone.txt": b"removed later", "/d/s.txt": b"folder s"}
+    for path, data in before.items():
+        (folder / path[1:]).write_bytes(data)
+    archives = [str(tmp_path / "below.tar"), str(tmp_path / "above.tar")]
+    paths, layers_of = {
+        "folder last": (archives + [str(folder)], lambda f: [below, above, f]),
+        "folder first": ([str(folder)] + archives, lambda f: [f, below, above]),
+        "folder between": ([archives[0], str(folder), archives[1]], lambda f: [below, f, above]),
+    }[order]
+    mnt = mounter.mount(*[Path(p) for p in paths])
+    with ratarmountcore.open(paths) as src:
+        api = lambda: union_files(  # noqa: E731
+            lambda d: [(n, src.info(f"{d}/{n}").is_dir) for n in src.listdir(d or "/")], src.read
+        )
+        mounted = lambda: union_files(  # noqa: E731
+            lambda d: [(e.name, e.is_dir()) for e in os.scandir(d)], lambda p: Path(p).read_bytes(), str(mnt)
+        )
+        assert api() == mounted() == expected_union(layers_of(before))
+        # The folder changes: a new file, a new folder, a file that shadows (or is shadowed by)
+        # the archives', and a file removed.
+        (folder / "new.txt").write_bytes(b"new")
+        (folder / "e").mkdir()
+        (folder / "e" / "deep.txt").write_bytes(b"deep")
+        (folder / "d" / "b.txt").write_bytes(b"folder b")
+        (folder / "gone.txt").unlink()
+        (folder / "d" / "a.txt").unlink()
+        now = {"/d/s.txt": b"folder s", "/new.txt": b"new", "/e/deep.txt": b"deep", "/d/b.txt": b"folder b"}
+        time.sleep(1.2)  # (the kernel keeps a folder source's listings for 1 s)
+        assert api() == mounted() == expected_union(layers_of(now))
+    mounter.unmount(mnt)

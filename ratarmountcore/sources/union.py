@@ -5,6 +5,11 @@ A lookup must not ask every source in turn (200 archives mounted together would 
 that has it, so a lookup is one indexed query plus one query in the winning source. The table is
 built once from the sources' own indexes and cached on disk, keyed by the sources' identities, so
 a second union mount opens it directly.
+
+Sources that may change while mounted (folders) are not in the table: they are asked at every
+lookup and listing, and win over the table's source where they come later. A snapshot of them
+made at mount time answered listings with the folder as it was then, while lookups found files
+added since (``_merged_rows``).
 """
 
 from __future__ import annotations
@@ -47,6 +52,11 @@ _STAT_ROWS_SQL = (
 )
 #: ``_STAT_ROWS_SQL`` with name, mode and inode number only (listings without attributes).
 _NAME_ROWS_SQL = "SELECT name, mode, ino FROM entries WHERE parent = ? AND name > ? ORDER BY name LIMIT ?"
+#: ``_STAT_ROWS_SQL`` with each row's source (merged with the sources that may change).
+_SOURCE_ROWS_SQL = (
+    "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, source FROM entries "
+    "WHERE parent = ? AND name > ? ORDER BY name LIMIT ?"
+)
 #: An entry's inode number in the union: its source's number above its own (below 2**40).
 INO_SHIFT = 40
 _INNER_MASK = (1 << INO_SHIFT) - 1
@@ -79,6 +89,8 @@ class UnionSource(MountSource):
         #: Per source: whether it finds its entries by inode number (``by_ino``).
         self._numbered = [type(source).by_ino is not MountSource.by_ino for source in self.sources]
         self._immutable = all(source.is_immutable for source in self.sources)
+        #: The sources that may change while mounted (folders), in order: not in the table.
+        self._mutable = [number for number, source in enumerate(self.sources) if not source.is_immutable]
         self._all_numbered = all(self._numbered) and self._immutable
         self._lock = threading.Lock()
         identities = [union_cache.identity(s) for s in self.sources]
@@ -148,6 +160,8 @@ class UnionSource(MountSource):
         )
         columns = "(parent, name, source, mode, size, mtime_ns, uid, gid, nlink, ino, rdev)"
         for number, source in enumerate(self.sources):
+            if number in self._mutable:
+                continue  # asked at every lookup and listing instead
             index_path = getattr(source, "index_path", None)
             if index_path:
                 conn.execute("ATTACH DATABASE ? AS src", (read_only_uri(index_path),))
@@ -237,6 +251,8 @@ class UnionSource(MountSource):
         if path == "/":
             info = self.sources[-1].lookup("/")
             return None if info is None else info._replace(ino=1, locator=None)
+        if self._mutable:
+            return self._lookup_live(path)
         number = self._winner(path)
         if number is not None:
             info = self.sources[number].lookup(path)
@@ -258,6 +274,54 @@ class UnionSource(MountSource):
             if info is not None:
                 return self._wrap(number, info)
         return None
+
+    def _lookup_live(self, path: str) -> Optional[FileInfo]:
+        """``lookup`` in a union with sources that may change: below a folder of the union, the
+        last of those sources that has the name, unless the table's winner comes later."""
+        parent = path.rpartition("/")[0] or "/"
+        if parent != "/":
+            above = self.lookup(parent)
+            if above is None or not above.is_dir:
+                return None
+        number = self._winner(path)
+        for mutable in reversed(self._mutable):
+            if number is not None and mutable < number:
+                break
+            info = self.sources[mutable].lookup(path)
+            if info is not None:
+                return self._wrap(mutable, info)
+        if number is not None:
+            info = self.sources[number].lookup(path)
+            if info is not None:
+                return self._wrap(number, info)
+        if _VERSIONS_PART in path + "/":  # (no index lists them: the last source that knows it)
+            for other in range(len(self.sources) - 1, -1, -1):
+                info = None if other in self._mutable else self.sources[other].lookup(path)
+                if info is not None:
+                    return self._wrap(other, info)
+        return None
+
+    def _merged_rows(self, path: str, after: Optional[bytes], limit: int) -> List[Tuple[StatRow, int]]:
+        """The rows of folder ``path`` after ``after`` in name order (``limit`` -1: all) with the
+        source of each: the table's, and those of the sources that may change as they are now;
+        of a name in several, the last source's. Within the table's part (up to its last name
+        when it filled ``limit``), so that the next part, after the last name returned, follows
+        on without a gap."""
+        table = self._query(_SOURCE_ROWS_SQL, (encode(path), after or b"", limit))
+        merged: Dict[bytes, Tuple[StatRow, int]] = {
+            row[0]: (row, number) for row, number in zip(plain_mtimes([r[:9] for r in table]), (r[9] for r in table))
+        }
+        upper = table[-1][0] if 0 <= limit <= len(table) else None
+        for mutable in self._mutable:  # (in order: a later one wins)
+            for row in self.sources[mutable].list_stat_rows(path) or []:
+                name = row[0]
+                if (after is not None and name <= after) or (upper is not None and name > upper):
+                    continue
+                current = merged.get(name)
+                if current is None or current[1] < mutable:
+                    merged[name] = (self._shift(mutable, row), mutable)
+        names = sorted(merged)
+        return [merged[name] for name in (names if limit < 0 else names[:limit])]
 
     def by_ino(self, ino: int) -> Optional[Tuple[str, FileInfo]]:
         # ``_wrap``'s numbering: the source above its own inode number. The entry must still be
@@ -295,7 +359,10 @@ class UnionSource(MountSource):
         info = self.lookup(path)
         if info is None or not info.is_dir:
             return None
-        rows = self._query(_STAT_ROWS_SQL, (encode(path), after or b"", limit))
+        if self._mutable:
+            rows = [row for row, _number in self._merged_rows(path, after, limit)]
+        else:
+            rows = self._query(_STAT_ROWS_SQL, (encode(path), after or b"", limit))
         if not rows and isinstance(info.locator, UnionLocator) and not self._children(path, 1):
             number = info.locator.source  # a folder no index lists (PATH.versions): its source's
             source = self.sources[number]
@@ -307,7 +374,10 @@ class UnionSource(MountSource):
         info = self.lookup(path)
         if info is None or not info.is_dir:
             return None
-        rows = self._query(_NAME_ROWS_SQL, (encode(path), after or b"", limit))
+        if self._mutable:
+            rows = [(r[0], r[1], r[7]) for r, _number in self._merged_rows(path, after, limit)]
+        else:
+            rows = self._query(_NAME_ROWS_SQL, (encode(path), after or b"", limit))
         if not rows and isinstance(info.locator, UnionLocator) and not self._children(path, 1):
             return super().list_name_rows_after(path, after, limit)  # (from its source's rows)
         return rows
@@ -320,7 +390,11 @@ class UnionSource(MountSource):
         info = self.lookup(path)
         if info is None or not info.is_dir:
             return None
-        children = self._children(path)
+        children = (
+            [(row[0], number) for row, number in self._merged_rows(path, None, -1)]
+            if self._mutable
+            else self._children(path)
+        )
         if not children and isinstance(info.locator, UnionLocator):
             entries = self.sources[info.locator.source].list_entries(path)  # e.g. a .versions folder
             return None if entries is None else [(n, self._wrap(info.locator.source, i)) for n, i in entries]
@@ -350,8 +424,12 @@ class UnionSource(MountSource):
         info = self.lookup(path)
         if info is None or not info.is_dir:
             return None
-        part = self._query(
-            "SELECT name, source FROM entries WHERE parent = ? ORDER BY name LIMIT ?", (encode(path), limit)
+        part = (
+            [(row[0], number) for row, number in self._merged_rows(path, None, limit)]
+            if self._mutable
+            else self._query(
+                "SELECT name, source FROM entries WHERE parent = ? ORDER BY name LIMIT ?", (encode(path), limit)
+            )
         )
         if not part:
             return super().list_entries_upto(path, limit)  # empty, or a .versions folder (its source's)
