@@ -995,3 +995,20 @@ def test_converting_a_single_frame_zstd_does_not_advise_converting_it(
     with caplog.at_level(logging.WARNING, logger="ratarmountcore"):
         ratarmountcore.open(str(source), options()).close()
     assert [r for r in caplog.records if "random access" in r.getMessage()]
+
+
+def test_gzip_padded_with_zero_bytes_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    """A .tar.gz padded with zero bytes to a block size (tape tools; gzip -d ignores them):
+    rapidgzip refuses it, and the error says so and names the backend that reads it, which then
+    serves every member as tar extracts it. Nothing is left behind."""
+    tar = tmp_path / "data.tar"
+    make_tar(tar, random.Random(11), members=20, max_size=50_000)
+    archive = compress(tar, "gz-cli")
+    archive.write_bytes(archive.read_bytes() + bytes(10240 - archive.stat().st_size % 10240))
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(CorruptDataError, match="zero bytes.*--gzip-backend indexed_gzip"):
+        ratarmountcore.open(str(archive))
+    assert sorted(os.listdir(tmp_path)) == before
+    with ratarmountcore.open(str(archive), options(gzip_backend="indexed_gzip")) as source:
+        for name, data in members_of(tar).items():
+            assert source.read(name) == data

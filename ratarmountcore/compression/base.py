@@ -333,6 +333,34 @@ class CompressedReader(ABC):
     def data_errors(self, extra: Tuple[Type[BaseException], ...] = ()) -> "contextlib.AbstractContextManager[None]":
         return data_errors(self.path, self.format_name, extra)
 
+    def explain_failure(self) -> Optional[str]:
+        """Why the first pass may have failed on data other tools accept, and what to do (None:
+        nothing to add to the library's message)."""
+        return None
+
+    @contextlib.contextmanager
+    def explained_failures(self) -> Iterator[None]:
+        """Around a first pass: bad data is reported with ``explain_failure``'s words added."""
+        try:
+            yield
+        except CorruptDataError as exc:
+            explained = self.explain_failure()
+            if explained is None:
+                raise
+            raise CorruptDataError(f"{exc}; {explained}") from exc
+
+    def trailing_zeros(self, limit: int = 1 << 20) -> int:
+        """How many zero bytes the compressed file ends with (counted up to ``limit``)."""
+        size = self.compressed_size
+        count = 0
+        while count < min(limit, size):
+            chunk = self._plain.pread(max(0, size - count - 65536), min(65536, size - count))
+            stripped = chunk.rstrip(b"\0")
+            count += len(chunk) - len(stripped)
+            if stripped or not chunk:
+                break
+        return count
+
     def preadinto(self, offset: int, view: memoryview) -> int:
         """``pread`` into a caller's buffer (FUSE reads straight into libfuse's)."""
         data = self.pread(offset, len(view))

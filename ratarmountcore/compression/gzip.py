@@ -358,6 +358,19 @@ class RapidgzipReader(_GzipReader):
     #: .tar.gz 2.65-3.03 -> 2.30-2.70 s, first mount of 100,000 files 2.27 -> 2.11 s; 4 per core
     #: gained nothing more). bzip2 got slower with more threads than cores and keeps one.
     default_oversubscription: ClassVar[int] = 2
+
+    def explain_failure(self) -> Optional[str]:
+        # Tape tools pad to a block size with zero bytes after the last gzip member; gzip(1)
+        # ignores them, rapidgzip takes them for a member it cannot parse. More than a member's
+        # trailer (CRC-32, size) can end with: padding for certain.
+        zeros = self.trailing_zeros()
+        if zeros <= 8:
+            return None
+        return (
+            f"the file ends with {zeros} zero bytes after the gzip data (padding, as tape tools write), "
+            "which rapidgzip does not accept: mount it with --gzip-backend indexed_gzip"
+        )
+
     #: A random read that misses the span cache decodes from one seek point to the next, so its
     #: cost is the spacing (1,000 random reads from a 100,000-file .tar.gz in-process: 1 MiB
     #: 2.1 s, 0.5 MiB 1.1 s, 384 KiB 0.93 s, 256 KiB 0.68 s) and the first pass pays per seek

@@ -409,13 +409,14 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
                 )  # fmt: skip
                 return
             tell_member_size(compressed)
-            with compressed.first_pass() as scan:
-                index_tar(
-                    scan, None, writer, path, options.index.progress, options.recursive,
-                    options.compression, compressed=(compressed.compressed_size, compressed.compressed_progress),
-                    strip_tar_extension=strip,
-                )  # fmt: skip
-            compressed.export_seek_points(writer)
+            with compressed.explained_failures():
+                with compressed.first_pass() as scan:
+                    index_tar(
+                        scan, None, writer, path, options.index.progress, options.recursive,
+                        options.compression, compressed=(compressed.compressed_size, compressed.compressed_progress),
+                        strip_tar_extension=strip,
+                    )  # fmt: skip
+                compressed.export_seek_points(writer)
 
         index = open_or_build(path, stats, options.index, build_options, build, owner)
         if reader is not plain:

@@ -176,7 +176,8 @@ def open_single_file(
     name = decompressed_name(path)
 
     def build(writer: IndexWriter) -> None:
-        reader.export_seek_points(writer)  # the first pass: verifies the stream, learns its size
+        with reader.explained_failures():
+            reader.export_seek_points(writer)  # the first pass: verifies the stream, learns its size
         writer.add(single_file_record(name, reader.size, archive_mode, stats, owner))
 
     index = open_or_build(path, stats, options.index, build_options, build, owner)
