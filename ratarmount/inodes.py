@@ -9,8 +9,8 @@ A folder's regular files are named by the host file instead of the path (``ident
 ``MountSource.host_identity``): a file renamed over another gets an id of
 its own, so the kernel keeps the two apart (a process still reading the old one reads its bytes,
 not the new file's through a shared page cache), and all names of a hard-linked file share one.
-Such an id keeps the file's last path and its entry as looked up, for when the name no longer
-leads to it.
+Such an id keeps the file's last path; when that name leads to another file by now, the id is
+stale (``ReplacedNodeError``).
 """
 
 from __future__ import annotations
@@ -29,13 +29,25 @@ class StaleNodeError(OSError):
         super().__init__(errno.ESTALE, f"unknown node id {node}")
 
 
+class ReplacedNodeError(StaleNodeError):
+    """A node id of a host file whose name now leads to another file (or to none)."""
+
+
+def identity_key(identity: Tuple[int, ...]) -> Hashable:
+    """A host identity as the table keeps it: a file's (device, inode, change time) as one int
+    (~100 bytes less per file the kernel holds than the tuple)."""
+    if len(identity) == 3 and all(0 <= part < 1 << 64 for part in identity):
+        return (identity[0] << 128) | (identity[1] << 64) | identity[2]
+    return identity
+
+
 class InodeTable:
     def __init__(self, first: int = ROOT_ID + 1) -> None:
         """Ids are handed out from ``first`` on (above the inode numbers of a source that names
         its entries itself, see ``MountSource.by_ino``)."""
         self._lock = threading.Lock()
-        #: id -> [path, lookup count, key (the path or a host identity), entry held (or None)]
-        self._nodes: Dict[int, List[Any]] = {ROOT_ID: ["/", 1, "/", None]}
+        #: id -> [path, lookup count, key (the path, or a host identity's ``identity_key``)]
+        self._nodes: Dict[int, List[Any]] = {ROOT_ID: ["/", 1, "/"]}
         self._ids: Dict[Hashable, int] = {"/": ROOT_ID}
         self.first = first
         self._next = first
@@ -49,38 +61,37 @@ class InodeTable:
             raise StaleNodeError(node)
         return entry[0]  # type: ignore[no-any-return]
 
-    def held(self, node: int) -> Optional[Tuple[Hashable, Any]]:
-        """The host identity and the entry of a node named by a host file, else None."""
+    def identity(self, node: int) -> Optional[Hashable]:
+        """The ``identity_key`` of a node named by a host file, else None."""
         entry = self._nodes.get(node)
-        if entry is None or entry[3] is None:
+        if entry is None or isinstance(entry[2], str):  # (named by path)
             return None
-        return entry[2], entry[3]
+        return entry[2]  # type: ignore[no-any-return]
 
-    def remember(self, path: str, identity: Optional[Hashable] = None, entry: Any = None) -> int:
-        """The id of ``path`` (of the host file ``identity`` with its ``entry``, when given),
-        counting one more reference held by the kernel."""
+    def remember(self, path: str, identity: Optional[Tuple[int, ...]] = None) -> int:
+        """The id of ``path`` (of the host file ``identity``, when given), counting one more
+        reference held by the kernel."""
         with self._lock:
-            return self._remember(path, identity, entry)
+            return self._remember(path, identity)
 
-    def remember_all(self, items: Iterable[Tuple[str, Optional[Hashable], Any]]) -> List[int]:
-        """``remember`` for (path, identity, entry) triples."""
+    def remember_all(self, items: Iterable[Tuple[str, Optional[Tuple[int, ...]]]]) -> List[int]:
+        """``remember`` for (path, identity) pairs."""
         with self._lock:
-            return [self._remember(path, identity, entry) for path, identity, entry in items]
+            return [self._remember(path, identity) for path, identity in items]
 
-    def _remember(self, path: str, identity: Optional[Hashable], entry: Any) -> int:
-        key = path if identity is None else identity
+    def _remember(self, path: str, identity: Optional[Tuple[int, ...]]) -> int:
+        key = path if identity is None else identity_key(identity)
         node = self._ids.get(key)
         if node is None:
             node = self._next
             self._next += 1
             self._ids[key] = node
-            self._nodes[node] = [path, 1, key, None if identity is None else entry]
+            self._nodes[node] = [path, 1, key]
         else:
             held = self._nodes[node]
             held[1] += 1
-            if identity is not None:  # (the name it was found under last, and as it is now)
-                held[0] = path
-                held[3] = entry
+            if identity is not None:
+                held[0] = path  # (the name it was found under last)
         return node
 
     def forget(self, node: int, count: int) -> None:

@@ -31,7 +31,7 @@ from ratarmountcore.sources.base import VERSIONS_SUFFIX, FileInfo, MountSource, 
 
 from . import kernel_abi as abi
 from .folder_prefetch import FOLDER_MAX, FolderPrefetcher
-from .inodes import ROOT_ID, InodeTable, StaleNodeError
+from .inodes import ROOT_ID, InodeTable, ReplacedNodeError, StaleNodeError, identity_key
 from .open_files import OpenFiles
 from .paged_listing import CHUNK as LISTING_CHUNK
 from .paged_listing import PagedListing
@@ -199,7 +199,7 @@ class LowLevelOperations:
 
     def _node_of(self, path: str, info: FileInfo) -> int:
         """The node id to give the kernel for ``path`` (counted once more when from the table)."""
-        return self._own_node(info) or self.nodes.remember(path, self.source.host_identity(info), info)
+        return self._own_node(info) or self.nodes.remember(path, self.source.host_identity(info))
 
     def _resolve(self, node: int) -> Tuple[str, Entry]:
         """Path and entry of a node id the kernel holds."""
@@ -208,16 +208,16 @@ class LowLevelOperations:
             return found
         if node == ROOT_ID or node >= self.nodes.first:
             path = self.nodes.path(node)
-            held = self.nodes.held(node)
-            if held is None:
+            key = self.nodes.identity(node)
+            if key is None:
                 return path, self._require(path)
             entry = self._entry(path)
-            if entry is not None and self.source.host_identity(entry[0]) == held[0]:
-                return path, entry
-            # The host file the kernel holds this node for was replaced or removed since: its
-            # attributes as looked up (a reader's fstat), and an open refuses the other file.
-            info: FileInfo = held[1]
-            return path, (info, abi.pack_attr(info))
+            identity = None if entry is None else self.source.host_identity(entry[0])
+            if entry is None or identity is None or identity_key(identity) != key:
+                # The host file the kernel holds this node for was replaced or removed since:
+                # stale (a GETATTR through an open handle gets the file's entry from there).
+                raise ReplacedNodeError(node)
+            return path, entry
         listed = self._listed_folders.get(node)
         if listed is not None:  # a folder the kernel got from a listing: by path, mostly cached
             entry = self._entry(listed)
@@ -429,7 +429,15 @@ class LowLevelOperations:
         return entry[1] if entry[0].ino else abi.pack_attr(entry[0]._replace(ino=node))
 
     def getattr(self, node: int) -> bytes:
-        entry = self._resolve(node)[1]
+        try:
+            entry = self._resolve(node)[1]
+        except ReplacedNodeError:
+            # A file replaced or removed while a process reads it: as it was opened (``fstat``;
+            # a reader of the old file reads it to its own end, which asks for the size again).
+            info = self.files.opened_info(node)
+            if info is None:
+                raise
+            entry = (info, abi.pack_attr(info))
         return abi.attr_out(self._attr(node, entry), self._timeout_of(entry[0]))
 
     def readlink(self, node: int) -> bytes:
@@ -451,7 +459,7 @@ class LowLevelOperations:
         if self.no_open:
             raise _errno(errno.ENOSYS)  # see init; the open itself succeeds
         keep = self._keep_cache or (abi.FOPEN_KEEP_CACHE if self.source.is_immutable_entry(info) else 0)
-        return abi.open_out(self.files.open(info), keep)
+        return abi.open_out(self.files.open(info, node), keep)
 
     def read(self, node: int, handle: int, offset: int, view: memoryview) -> int:
         me = threading.get_ident()
@@ -677,9 +685,7 @@ class LowLevelOperations:
                 record[abi.ENTRY_SIZE :] if record else abi.dirent(info.ino or UNKNOWN_INO, index, name, info.mode)  # type: ignore[union-attr]
                 for index, (name, _path, info, record) in enumerate(page, start=offset + 1)
             )
-        missing = [
-            (path, info and self.source.host_identity(info), info) for _name, path, info, record in page if not record
-        ]
+        missing = [(path, info and self.source.host_identity(info)) for _name, path, info, record in page if not record]
         if not missing:
             return b"".join(item[3] for item in page)
         nodes = iter(self.nodes.remember_all(missing))

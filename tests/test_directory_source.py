@@ -468,10 +468,13 @@ def test_members_of_a_replaced_archive_are_the_new_ones_after_a_second(
     or showing the old archive until the next mount."""
     root = tmp_path / "data"
     root.mkdir()
-    (root / "c.tar").write_bytes(tar_bytes({"x.txt": b"old x", "gone.txt": b"old only"}))
+    big = random.Random(3).randbytes(2_000_000)
+    (root / "c.tar").write_bytes(tar_bytes({"x.txt": b"old x", "gone.txt": b"old only", "big.bin": big}))
     mnt = mounter.mount(root, extra=["-r"])
     assert (mnt / "c.tar" / "x.txt").read_bytes() == b"old x"
     assert (mnt / "c.tar" / "gone.txt").exists()
+    reader = open(mnt / "c.tar" / "big.bin", "rb")  # a process reading on across the change
+    assert reader.read(65536) == big[:65536]
     new = tar_bytes({"x.txt": b"the new x, longer", "added.txt": b"new"})
     if how == "renamed over":
         (root / ".c.tar.tmp").write_bytes(new)
@@ -479,6 +482,13 @@ def test_members_of_a_replaced_archive_are_the_new_ones_after_a_second(
     else:
         (root / "c.tar").write_bytes(new)
     time.sleep(1.2)
+    assert (mnt / "c.tar" / "x.txt").read_bytes() == b"the new x, longer"  # (the folder's new node)
+    if how == "renamed over":  # the old file is still there for it: its bytes, to the end
+        assert reader.read() == big[65536:]
+    else:  # gone: an error, never bytes of the new file
+        with pytest.raises(OSError):
+            reader.read()
+    reader.close()
     assert (mnt / "c.tar" / "x.txt").read_bytes() == b"the new x, longer"
     assert os.stat(mnt / "c.tar" / "x.txt").st_size == len(b"the new x, longer")
     assert sorted(os.listdir(mnt / "c.tar")) == ["added.txt", "x.txt"]
@@ -551,3 +561,38 @@ def test_union_with_a_folder_lists_the_folder_as_it_is_now(mounter: Mounter, tmp
         time.sleep(1.2)  # (the kernel keeps a folder source's listings for 1 s)
         assert api() == mounted() == expected_union(layers_of(now))
     mounter.unmount(mnt)
+
+
+def test_a_removed_name_never_opens_the_file_that_got_its_inode_number(mounter: Mounter, tmp_path: Path) -> None:
+    """ext4 gives a freed inode number to the next new file at once: a name the kernel still
+    caches for a deleted file must not lead to the new file that got its number (the node is
+    keyed by device, inode and change time)."""
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "a").write_bytes(b"the deleted file")
+    mnt = mounter.mount(root)
+    assert os.stat(mnt / "a").st_size == len(b"the deleted file")
+    old_ino = os.stat(root / "a").st_ino
+    (root / "a").unlink()
+    (root / "b").write_bytes(b"another file, maybe on a's inode number")
+    assert (mnt / "b").read_bytes() == b"another file, maybe on a's inode number"
+    with pytest.raises(FileNotFoundError):
+        (mnt / "a").read_bytes()  # (within the second the kernel keeps the name)
+    print("inode number reused:", os.stat(root / "b").st_ino == old_ino)
+    mounter.unmount(mnt)
+
+
+def test_a_union_lists_a_name_from_an_earlier_source_when_the_folder_just_lost_it(tmp_path: Path) -> None:
+    """A listing picks each name's winner from the folder's rows, then asks the winner for the
+    entry: a file removed from the folder in between is the archive's again, not missing."""
+    (tmp_path / "a.tar").write_bytes(tar_bytes({"x": b"archive x", "y": b"archive y"}))
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "x").write_bytes(b"folder x")
+    with ratarmountcore.open([str(tmp_path / "a.tar"), str(folder)]) as src:
+        names = [(b"x", 1), (b"y", 0)]  # as the rows said, before the folder lost x
+        (folder / "x").unlink()
+        entries = src._entries_of("/", names)  # type: ignore[attr-defined]
+        assert sorted(entries) == ["x", "y"]
+        with src.open_info(entries["x"]) as f:
+            assert f.read() == b"archive x"

@@ -59,9 +59,11 @@ _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 class FileLocator(NamedTuple):
     #: Path relative to the folder ("a/b.txt").
     relative: str
-    #: The host's (device, inode number) of a regular file: which file the name led to when it
-    #: was looked up (see ``MountSource.host_identity``); (0, 0) for other entries.
-    identity: Tuple[int, int] = (0, 0)
+    #: The host's (device, inode number, change time) of a regular file: which file the name led
+    #: to when it was looked up (see ``MountSource.host_identity``); () for other entries. The
+    #: change time tells a new file from a deleted one whose inode number it got (ext4 hands a
+    #: freed number out again at once).
+    identity: Tuple[int, ...] = ()
 
 
 class MemberLocator(NamedTuple):
@@ -103,6 +105,10 @@ class _Known(NamedTuple):
 SLOT_SHIFT = 40
 INNER_MASK = (1 << SLOT_SHIFT) - 1
 MAX_SLOTS = (1 << 15) - 1
+#: Sources of archives replaced or rewritten while mounted, kept open for the processes still
+#: reading their members (a replaced file still reads its old bytes); beyond this many the
+#: oldest is closed.
+RETIRED_MAX = 32
 
 
 def _member_ino(base: int, ino: int) -> int:
@@ -139,6 +145,8 @@ class DirectorySource(MountSource):
         self._generation = forks.generation
         #: relative path of a regular file -> what is known of it as an archive
         self._archives: Dict[str, _Known] = {}
+        #: Sources of archives that changed since they were opened (``RETIRED_MAX``), oldest first.
+        self._retired: List[MountSource] = []
         #: relative path -> lock held while that archive is opened
         self._opening: Dict[str, threading.Lock] = {}
         #: (relative path, path shown, source) of each archive opened, by slot - 1; id(source) ->
@@ -152,7 +160,7 @@ class DirectorySource(MountSource):
 
     def host_identity(self, info: FileInfo) -> Optional[Tuple[int, ...]]:
         locator = info.locator
-        if isinstance(locator, FileLocator) and locator.identity != (0, 0):
+        if isinstance(locator, FileLocator) and locator.identity:
             return locator.identity
         if isinstance(locator, ArchiveLocator) and locator.identity:
             return locator.identity
@@ -251,10 +259,22 @@ class DirectorySource(MountSource):
             known = self._archives.get(relative)
             if known is not None and known.key == key:
                 return known
+            closing = None
             if known is not None and known.source is not None:
-                known.source.close()  # the file changed: opened again (its index checked) when used
+                # The file changed: opened again (its index checked) when used. A file renamed
+                # over it left the old one as it was: its source stays open for those reading
+                # its members. One rewritten in place is closed: its members' offsets point into
+                # the new content (their reads fail).
+                if known.key[:2] == key[:2]:
+                    closing = known.source
+                else:
+                    self._retired.append(known.source)
+                    if len(self._retired) > RETIRED_MAX:
+                        closing = self._retired.pop(0)
             known = self._archives[relative] = _Known(key, self._looks_like_archive(parent, name))
-            return known
+        if closing is not None:
+            closing.close()
+        return known
 
     def _shown_as_folder(self, parent: int, name: str, relative: str, st: os.stat_result) -> bool:
         known = self._known(parent, name, relative, st)
@@ -380,7 +400,7 @@ class DirectorySource(MountSource):
         return FileInfo(
             mode=st.st_mode, size=st.st_size if not stat.S_ISDIR(st.st_mode) else 0, mtime_ns=st.st_mtime_ns,
             uid=st.st_uid, gid=st.st_gid, nlink=st.st_nlink, ino=0, linkname=linkname, rdev=st.st_rdev,
-            locator=FileLocator(relative, (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else (0, 0)),
+            locator=FileLocator(relative, (st.st_dev, st.st_ino, st.st_ctime_ns) if stat.S_ISREG(st.st_mode) else ()),
         )  # fmt: skip
 
     @staticmethod
@@ -596,7 +616,8 @@ class DirectorySource(MountSource):
         if not stat.S_ISREG(st.st_mode):
             reader.close()
             raise NotFoundError(2, "not a regular file", locator.relative)
-        if locator.identity != (0, 0) and locator.identity != (st.st_dev, st.st_ino):
+        # (The same file, also when written to since: its change time is not compared here.)
+        if locator.identity and locator.identity[:2] != (st.st_dev, st.st_ino):
             reader.close()
             raise ReplacedFileError(errno.ESTALE, "replaced since it was looked up", locator.relative)
         return MemberFile(reader, 0, reader.size, name=locator.relative, on_close=reader.close)
@@ -620,6 +641,8 @@ class DirectorySource(MountSource):
     def close(self) -> None:
         with self._lock:
             archives = [known.source for known in self._archives.values() if known.source is not None]
+            archives += self._retired
+            self._retired = []
             self._archives.clear()
             self._slots.clear()
             self._bases.clear()

@@ -411,6 +411,13 @@ class UnionSource(MountSource):
             for name, child in self.sources[number].list_entries(path) or []:
                 if name in of_source:
                     found[name] = self._wrap(number, child)
+                    of_source.discard(name)
+            if of_source and self._mutable:
+                # Gone from a folder source since its rows were read: whoever has them now.
+                for name in of_source:
+                    info = self.lookup(("/" if path == "/" else path + "/") + name)
+                    if info is not None:
+                        found[name] = info
         return found
 
     def list_entries_upto(self, path: str, limit: int) -> Optional[List[Tuple[str, FileInfo]]]:
