@@ -144,11 +144,15 @@ def test_processes_that_exit_without_closing_end_normally(kind: str, tar: Path, 
 
 THREADS_AT_FORK_SCRIPT = textwrap.dedent(
     """
-    import os, sys
+    import os, sys, threading
+
+    def native_threads():
+        # Threads of the process that are not Python's (the decoders' worker threads).
+        return len(os.listdir("/proc/self/task")) - threading.active_count()
 
     counts = []
     # Registered before ratarmountcore's hooks, so it runs after them, right before the fork.
-    os.register_at_fork(before=lambda: counts.append(len(os.listdir("/proc/self/task"))))
+    os.register_at_fork(before=lambda: counts.append(native_threads()))
     import ratarmountcore
 
     with ratarmountcore.open(sys.argv[1]) as source:
@@ -157,7 +161,7 @@ THREADS_AT_FORK_SCRIPT = textwrap.dedent(
         for name in names[::3]:
             with source.open(name) as f:
                 f.read()
-        threads_before = len(os.listdir("/proc/self/task"))
+        threads_before = native_threads()
         pid = os.fork()
         if pid == 0:
             os._exit(0)
@@ -180,8 +184,8 @@ def test_no_decoder_thread_runs_at_a_fork(kind: str, tar: Path, tmp_path: Path) 
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     before, at_fork, read_on = result.stdout.split()
-    assert int(before) > 1  # (the decoders had threads)
-    assert int(at_fork) == 1
+    assert int(before) > 0  # (the decoders had threads)
+    assert int(at_fork) == 0  # (Python's own threads take that lock only with the GIL held)
     assert read_on == "True"
 
 
