@@ -128,3 +128,15 @@ def mounter(tmp_path: Path) -> Iterator[Mounter]:
         yield m
     finally:
         m.cleanup()
+
+
+def timed_fork() -> float:
+    """Fork a child that exits at once and wait for it; how long the fork itself took (its
+    hooks included: ratarmountcore's wait for index queries and decoders in use)."""
+    begin = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    waited = time.monotonic() - begin
+    os.waitpid(pid, 0)
+    return waited

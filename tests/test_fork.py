@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 import pytest
+from conftest import timed_fork
 from test_compression import compress, make_tar, members_of, split_kind
 
 import ratarmountcore
@@ -303,12 +304,7 @@ def test_a_fork_waits_for_a_query_under_way(tar: Path) -> None:
     thread.start()
     started.wait(10)
     time.sleep(0.05)  # (inside the query by now)
-    begin = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    waited = time.monotonic() - begin
-    os.waitpid(pid, 0)
+    waited = timed_fork()
     thread.join()
     pool.close()
     assert waited >= 0.15, waited

@@ -6,6 +6,8 @@ import itertools
 import threading
 import time
 
+from conftest import timed_fork
+
 from ratarmountcore.compression.pool import InstancePool, Slot
 
 
@@ -135,8 +137,6 @@ def test_a_fork_waits_for_uses_and_closes_every_instance_first() -> None:
     """Pools whose instances run threads that call into Python hold none at a fork (see
     pool.py): the fork waits for the use in progress, keeps other uses out until it is done,
     closes the instances, and the parent makes new ones afterwards."""
-    import os
-
     counter = itertools.count()
     closed: list = []
     pool: InstancePool = InstancePool(lambda: Slot(instance=next(counter)), closed.append, 1, close_before_fork=True)
@@ -158,12 +158,7 @@ def test_a_fork_waits_for_uses_and_closes_every_instance_first() -> None:
     busy.wait(10)
     threads[1].start()
     time.sleep(0.1)
-    begin = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    waited = time.monotonic() - begin
-    os.waitpid(pid, 0)
+    waited = timed_fork()
     for thread in threads:
         thread.join()
     # (The use given back must wake the fork, not only the use waiting before it.)
