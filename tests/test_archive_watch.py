@@ -20,7 +20,9 @@ from conftest import Mounter, tar_bytes
 
 import ratarmountcore
 from ratarmountcore.errors import ArchiveChangedError
+from ratarmountcore.index.fingerprint import archive_stats
 from ratarmountcore.sources import watch
+from ratarmountcore.sources.watch import ArchiveWatch
 
 # Large enough that the fingerprint samples blocks all over it (16 samples of 16 KiB).
 FILES = {f"d{i % 4}/f{i:03d}.bin": bytes([i % 251]) * (3000 + 37 * i) for i in range(160)}
@@ -170,3 +172,22 @@ def test_mount_of_a_rewritten_archive_answers_eio(mounter: Mounter, tmp_path: Pa
             (mountpoint / name).read_bytes()
         assert caught.value.errno == errno.EIO
     assert (mountpoint / names[0]).read_bytes() == FILES[names[0]]  # cached before: the old bytes
+
+
+def test_a_closed_watch_fails_every_check_without_looking_at_its_descriptor(tmp_path: Path) -> None:
+    """A source closed while its members are still open (a -r folder's archive rewritten in
+    place): the number of the descriptor it closed may name another file by now, so the watch no
+    longer looks at it and fails every check."""
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(tar_bytes({"x": b"x" * 5000}))
+    fd = os.open(archive, os.O_RDONLY)
+    watch = ArchiveWatch(str(archive), fd, archive_stats(fd))
+    watch.check()
+    watch.close()
+    os.close(fd)
+    reused = os.open(archive, os.O_RDONLY)  # (most likely the same number again)
+    try:
+        with pytest.raises(ArchiveChangedError, match="no longer open"):
+            watch.check()
+    finally:
+        os.close(reused)

@@ -324,6 +324,8 @@ class ArchiveSource(RenewedAfterFork, MountSource):
             for nested in self._nested.values():
                 nested.close()
             self._nested.clear()
+        if self._watch is not None:
+            self._watch.close()
         self._index.close()
         self._reader.close()
 

@@ -155,6 +155,8 @@ class SingleFileSource(RenewedAfterFork, MountSource):
         if self._generation != forks.generation:  # the parent's: neither used nor freed here
             self._park_parent_objects()
             return
+        if self._watch is not None:
+            self._watch.close()
         self._index.close()
         self._reader.close()
 

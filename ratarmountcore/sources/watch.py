@@ -42,6 +42,8 @@ CHECK_INTERVAL = 1.0
 #: Bytes at the old end of a grown archive whose sampled blocks may differ (tar's two end
 #: blocks and the padding of its last 10 KiB record are overwritten by appended members).
 APPEND_TAIL = 20 * 1024
+#: ``ArchiveWatch._changed`` once the watch is closed.
+_CLOSED = "closed"
 
 
 class ArchiveWatch:
@@ -65,6 +67,14 @@ class ArchiveWatch:
         watch._size, watch._mtime_ns, watch._changed = self._size, self._mtime_ns, self._changed
         return watch
 
+    def close(self) -> None:
+        """The source over the archive was closed (its descriptor with it): from now on every
+        check fails, without looking at a descriptor number that may name another file by now."""
+        with self._lock:
+            if self._changed is None:
+                self._changed = _CLOSED
+            self._fd = -1
+
     def check(self) -> None:
         """Raise ``ArchiveChangedError`` if the archive changed (looks at most once per interval)."""
         if self._changed is None:
@@ -82,6 +92,8 @@ class ArchiveWatch:
                         )  # fmt: skip
             if self._changed is None:
                 return
+        if self._changed is _CLOSED:
+            raise ArchiveChangedError(f"{self.path}: no longer open (it changed while mounted)")
         raise ArchiveChangedError(f"{self.path}: changed since it was mounted ({self._changed}); mount it again")
 
     def _compare(self) -> Optional[str]:
