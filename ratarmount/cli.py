@@ -16,7 +16,7 @@ from ratarmountcore import __version__
 from ratarmountcore.errors import RatarmountError
 from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
 
-from .termination import ended_by, exit_status, raise_on_sigterm
+from .termination import ended_by, exit_status, sigterm_raises
 from .workers import loop_threads
 
 logger = logging.getLogger("ratarmount")
@@ -400,7 +400,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging(args.debug)
-    raise_on_sigterm()
+    with sigterm_raises():
+        return _run(args, parser)
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         if args.version:
             print(version_text())

@@ -14,7 +14,7 @@ from ratarmountcore.errors import RatarmountError
 from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
 
 from .cli import parse_index_folders
-from .termination import ended_by, exit_status, raise_on_sigterm
+from .termination import ended_by, exit_status, sigterm_raises
 
 logger = logging.getLogger("ratarmount.convert")
 
@@ -73,9 +73,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         compression=CompressionOptions(parallelization=args.parallelization),
         recursive=args.recursive,
     )
-    from ratarmountcore.convert import convert_to_seekable_zstd
+    with sigterm_raises():
+        return _convert(args, options)
 
-    raise_on_sigterm()
+
+def _convert(args: argparse.Namespace, options: OpenOptions) -> int:
+    from ratarmountcore.convert import convert_to_seekable_zstd
 
     if os.path.isdir(args.output):
         print(f"ratarmount-convert: error: {args.output} is a folder; name the file to write", file=sys.stderr)

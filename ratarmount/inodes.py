@@ -41,6 +41,21 @@ def identity_key(identity: Tuple[int, ...]) -> Hashable:
     return identity
 
 
+def _is_identity(key: Hashable) -> bool:
+    """Whether a table key is a host identity (else a path, or a path and a file type)."""
+    return isinstance(key, int) or (isinstance(key, tuple) and not isinstance(key[0], str))
+
+
+def same_file(key: Hashable, identity: Tuple[int, ...]) -> bool:
+    """Whether ``identity`` is the host file a node with ``key`` was made for: a regular file
+    by device and inode alone (its change time tells files apart that had the same number one
+    after the other, but a file written to or renamed since is still the file the node names),
+    an archive shown as a folder by all of its identity."""
+    if isinstance(key, int) and len(identity) == 3:
+        return key >> 64 == (identity[0] << 64) | identity[1]
+    return key == identity_key(identity)
+
+
 class InodeTable:
     def __init__(self, first: int = ROOT_ID + 1) -> None:
         """Ids are handed out from ``first`` on (above the inode numbers of a source that names
@@ -61,26 +76,34 @@ class InodeTable:
             raise StaleNodeError(node)
         return entry[0]  # type: ignore[no-any-return]
 
+    def kind(self, node: int) -> int:
+        """The file type bits a node named by path was made for (0: a folder's)."""
+        entry = self._nodes.get(node)
+        key = None if entry is None else entry[2]
+        return key[1] if isinstance(key, tuple) and isinstance(key[0], str) else 0
+
     def identity(self, node: int) -> Optional[Hashable]:
         """The ``identity_key`` of a node named by a host file, else None."""
         entry = self._nodes.get(node)
-        if entry is None or isinstance(entry[2], str):  # (named by path)
+        if entry is None or not _is_identity(entry[2]):
             return None
         return entry[2]  # type: ignore[no-any-return]
 
-    def remember(self, path: str, identity: Optional[Tuple[int, ...]] = None) -> int:
+    def remember(self, path: str, identity: Optional[Tuple[int, ...]] = None, kind: int = 0) -> int:
         """The id of ``path`` (of the host file ``identity``, when given), counting one more
-        reference held by the kernel."""
+        reference held by the kernel. ``kind``: the file type bits of an entry named by path, if
+        not a folder's: a folder that becomes a link (or a link a folder) is another node, since
+        the kernel refuses a node whose type changed (EIO)."""
         with self._lock:
-            return self._remember(path, identity)
+            return self._remember(path, identity, kind)
 
-    def remember_all(self, items: Iterable[Tuple[str, Optional[Tuple[int, ...]]]]) -> List[int]:
-        """``remember`` for (path, identity) pairs."""
+    def remember_all(self, items: Iterable[Tuple[str, Optional[Tuple[int, ...]], int]]) -> List[int]:
+        """``remember`` for (path, identity, kind) triples."""
         with self._lock:
-            return [self._remember(path, identity) for path, identity in items]
+            return [self._remember(path, identity, kind) for path, identity, kind in items]
 
-    def _remember(self, path: str, identity: Optional[Tuple[int, ...]]) -> int:
-        key = path if identity is None else identity_key(identity)
+    def _remember(self, path: str, identity: Optional[Tuple[int, ...]], kind: int = 0) -> int:
+        key: Hashable = (path if not kind else (path, kind)) if identity is None else identity_key(identity)
         node = self._ids.get(key)
         if node is None:
             node = self._next

@@ -31,7 +31,7 @@ from ratarmountcore.sources.base import VERSIONS_SUFFIX, FileInfo, MountSource, 
 
 from . import kernel_abi as abi
 from .folder_prefetch import FOLDER_MAX, FolderPrefetcher
-from .inodes import ROOT_ID, InodeTable, ReplacedNodeError, StaleNodeError, identity_key
+from .inodes import ROOT_ID, InodeTable, ReplacedNodeError, StaleNodeError, same_file
 from .open_files import OpenFiles
 from .paged_listing import CHUNK as LISTING_CHUNK
 from .paged_listing import PagedListing
@@ -108,6 +108,14 @@ class _PackedPages:
 
 def _errno(code: int) -> OSError:
     return OSError(code, os.strerror(code))
+
+
+def _kind(info: Optional[FileInfo]) -> int:
+    """The file type bits a table node is told apart by besides its path (0 for folders)."""
+    if info is None:
+        return 0
+    kind = stat.S_IFMT(info.mode)
+    return 0 if kind == stat.S_IFDIR else kind
 
 
 class LowLevelOperations:
@@ -199,7 +207,7 @@ class LowLevelOperations:
 
     def _node_of(self, path: str, info: FileInfo) -> int:
         """The node id to give the kernel for ``path`` (counted once more when from the table)."""
-        return self._own_node(info) or self.nodes.remember(path, self.source.host_identity(info))
+        return self._own_node(info) or self.nodes.remember(path, self.source.host_identity(info), _kind(info))
 
     def _resolve(self, node: int) -> Tuple[str, Entry]:
         """Path and entry of a node id the kernel holds."""
@@ -210,14 +218,19 @@ class LowLevelOperations:
             path = self.nodes.path(node)
             key = self.nodes.identity(node)
             if key is None:
-                return path, self._require(path)
-            entry = self._entry(path)
-            identity = None if entry is None else self.source.host_identity(entry[0])
-            if entry is None or identity is None or identity_key(identity) != key:
+                named = self._require(path)
+                if not self._uniform and node != ROOT_ID and _kind(named[0]) != self.nodes.kind(node):
+                    # A folder that became a link or a device (or the other way round) since: the
+                    # kernel would take the other type for its inode's and refuse it (EIO).
+                    raise ReplacedNodeError(node)
+                return path, named
+            current = self._entry(path)
+            identity = None if current is None else self.source.host_identity(current[0])
+            if current is None or identity is None or not same_file(key, identity):
                 # The host file the kernel holds this node for was replaced or removed since:
                 # stale (a GETATTR through an open handle gets the file's entry from there).
                 raise ReplacedNodeError(node)
-            return path, entry
+            return path, current
         listed = self._listed_folders.get(node)
         if listed is not None:  # a folder the kernel got from a listing: by path, mostly cached
             entry = self._entry(listed)
@@ -423,10 +436,19 @@ class LowLevelOperations:
         one list, without a call per node."""
         self.nodes.forget_all(nodes, counts)
 
-    @staticmethod
-    def _attr(node: int, entry: Entry) -> bytes:
+    def _attr(self, node: int, entry: Entry) -> bytes:
         # Entries without an inode number of their own (e.g. PATH.versions) show their node id.
-        return entry[1] if entry[0].ino else abi.pack_attr(entry[0]._replace(ino=node))
+        return entry[1] if entry[0].ino else abi.pack_attr(entry[0]._replace(ino=self._shown_ino(node, entry[0])))
+
+    def _shown_ino(self, node: int, info: FileInfo) -> int:
+        """The inode number a table node shows: a host file's own (its node changes with its
+        change time, see inodes.py, but ``tail -F``, ``find -samefile`` and ``rsync -H`` go by
+        the number), else the node id. Host numbers below 2**40 meet none of the mount's other
+        numbers (archive members' start there, table ids at ``STABLE_LIMIT``)."""
+        identity = self.source.host_identity(info)
+        if identity is not None and len(identity) == 3 and 1 < identity[1] < 1 << 40:
+            return identity[1]
+        return node
 
     def getattr(self, node: int) -> bytes:
         try:
@@ -685,7 +707,8 @@ class LowLevelOperations:
                 record[abi.ENTRY_SIZE :] if record else abi.dirent(info.ino or UNKNOWN_INO, index, name, info.mode)  # type: ignore[union-attr]
                 for index, (name, _path, info, record) in enumerate(page, start=offset + 1)
             )
-        missing = [(path, info and self.source.host_identity(info)) for _name, path, info, record in page if not record]
+        identity = self.source.host_identity
+        missing = [(path, info and identity(info), _kind(info)) for _name, path, info, record in page if not record]
         if not missing:
             return b"".join(item[3] for item in page)
         nodes = iter(self.nodes.remember_all(missing))
@@ -695,7 +718,9 @@ class LowLevelOperations:
             if not record:
                 assert info is not None  # (only entries named by the table lack a record)
                 node = next(nodes)
-                record = abi.direntplus(node, info, timeout_of(info), index, name, info.ino or node)
+                record = abi.direntplus(
+                    node, info, timeout_of(info), index, name, info.ino or self._shown_ino(node, info)
+                )
             records.append(record)
         return b"".join(records)
 

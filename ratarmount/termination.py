@@ -26,11 +26,22 @@ def _raise_terminated(_signum: int, _frame: Optional[FrameType]) -> None:
     raise Terminated()
 
 
-def raise_on_sigterm() -> None:
-    """From now on SIGTERM raises ``Terminated`` in the main thread -- unless the program (or
-    whoever embeds it) already handles SIGTERM itself."""
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """For the block, SIGTERM raises ``Terminated`` in the main thread -- unless the program (or
+    whoever embeds it) already handles SIGTERM itself; then SIGTERM is as it was. A handler left
+    behind in a program that called ``main()`` (a test suite) made its forked workers outlive
+    ``Pool.terminate()`` whenever one was stuck where Python code cannot run."""
+    installed = threading.current_thread() is threading.main_thread() and (
+        signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    )
+    if installed:
         signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        if installed and signal.getsignal(signal.SIGTERM) is _raise_terminated:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def ended_by(interrupt: KeyboardInterrupt) -> str:

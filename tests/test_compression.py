@@ -12,6 +12,7 @@ import logging
 import os
 import random
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -508,6 +509,9 @@ def test_converter_single_file_and_cli(tmp_path: Path, capsys: pytest.CaptureFix
     source.write_bytes(gzip.compress(content))
     out = tmp_path / "log.txt.zst"
     assert main([str(source), str(out), "--frame-size", "0.25", "--no-progress"]) == 0
+    # SIGTERM is back at its default (a handler left behind outlives its main(): forked workers
+    # stuck where no Python code runs then survived Pool.terminate()).
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     with ratarmountcore.open(str(out), options()) as src:
         assert src.listdir("/") == ["log.txt"]
         assert src.read("/log.txt") == content

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
 import os
 import random
+import shutil
+import stat
 import struct
 import tempfile
 import threading
@@ -596,3 +599,99 @@ def test_a_union_lists_a_name_from_an_earlier_source_when_the_folder_just_lost_i
         assert sorted(entries) == ["x", "y"]
         with src.open_info(entries["x"]) as f:
             assert f.read() == b"archive x"
+
+
+def test_a_folder_file_keeps_its_inode_number_when_changed_in_place(mounter: Mounter, tmp_path: Path) -> None:
+    """chmod, touch and appending change a file's change time, and so its node (inodes.py), but
+    not the inode number it shows: tail -F, find -samefile and rsync -H go by the number."""
+    root = tmp_path / "data"
+    root.mkdir()
+    log = root / "log.txt"
+    log.write_bytes(b"first line\n")
+    mnt = mounter.mount(root)
+    numbers = [os.stat(mnt / "log.txt").st_ino]
+    for change in (
+        lambda: os.chmod(log, 0o600),
+        lambda: os.utime(log, ns=(10**18, 10**18)),
+        lambda: log.write_bytes(log.read_bytes() + b"second line\n"),
+    ):
+        change()
+        time.sleep(1.1)  # (the kernel keeps attributes for a second)
+        numbers.append(os.stat(mnt / "log.txt").st_ino)
+    assert len(set(numbers)) == 1, numbers
+    assert (mnt / "log.txt").read_bytes() == b"first line\nsecond line\n"
+    mounter.unmount(mnt)
+
+
+@pytest.mark.parametrize("before, after", [("folder", "link"), ("link", "folder"), ("folder", "file")])
+def test_a_name_that_changes_type_is_never_an_io_error(
+    mounter: Mounter, tmp_path: Path, before: str, after: str
+) -> None:
+    """The kernel refuses a node whose type changed (EIO): a name that was a folder and is a link
+    now (or the other way round) is another node."""
+    root = tmp_path / "data"
+    (root / "target").mkdir(parents=True)
+
+    def make(kind: str) -> None:
+        path = root / "x"
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.exists():
+            shutil.rmtree(path)
+        if kind == "folder":
+            path.mkdir()
+            (path / "inside").write_bytes(b"in")
+        elif kind == "link":
+            path.symlink_to("target")
+        else:
+            path.write_bytes(b"a file")
+
+    make(before)
+    mnt = mounter.mount(root)
+    os.lstat(mnt / "x")
+    held = None
+    if before == "folder":
+        assert os.listdir(mnt / "x") == ["inside"]
+        held = os.open(mnt / "x", os.O_RDONLY | os.O_DIRECTORY)  # (asks about the old node later)
+    make(after)
+    time.sleep(1.2)
+    if held is not None:
+        try:
+            assert stat.S_ISDIR(os.fstat(held).st_mode)
+        except OSError as exc:
+            assert exc.errno == errno.ESTALE, exc  # stale, never EIO
+        finally:
+            os.close(held)
+    st = os.lstat(mnt / "x")
+    expected = {"folder": stat.S_ISDIR, "link": stat.S_ISLNK, "file": stat.S_ISREG}[after]
+    assert expected(st.st_mode)
+    if after == "folder":
+        assert os.listdir(mnt / "x") == ["inside"]
+    elif after == "link":
+        assert os.readlink(mnt / "x") == "target"
+    else:
+        assert (mnt / "x").read_bytes() == b"a file"
+    mounter.unmount(mnt)
+
+
+def test_an_archive_rewritten_in_place_with_its_mtime_put_back_shows_its_new_members(
+    mounter: Mounter, tmp_path: Path
+) -> None:
+    """rsync --inplace -t rewrites an archive in place and puts its size and mtime back: only
+    the change time tells (a -r folder's archive and its watch look at it too)."""
+    root = tmp_path / "data"
+    root.mkdir()
+    archive = root / "x.tar"
+    archive.write_bytes(tar_bytes({"a": b"a" * 10000, "b": b"b" * 10000}))
+    os.utime(archive, ns=(10**18, 10**18))
+    mnt = mounter.mount(root, extra=["-r"])
+    assert (mnt / "x.tar" / "a").read_bytes() == b"a" * 10000
+    swapped = tar_bytes({"b": b"B" * 10000, "a": b"A" * 10000})  # same size, other order
+    assert len(swapped) == archive.stat().st_size
+    with open(archive, "r+b") as f:
+        f.write(swapped)
+    os.utime(archive, ns=(10**18, 10**18))
+    time.sleep(1.2)
+    assert (mnt / "x.tar" / "a").read_bytes() == b"A" * 10000
+    assert (mnt / "x.tar" / "b").read_bytes() == b"B" * 10000
+    mounter.unmount(mnt)

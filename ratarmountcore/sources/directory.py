@@ -91,8 +91,9 @@ class _Resolved(NamedTuple):
 
 
 class _Known(NamedTuple):
-    #: (device, inode, size, mtime) of the file when this was learned (a changed file is looked at again)
-    key: Tuple[int, int, int, int]
+    #: (device, inode, size, mtime, change time) of the file when this was learned (a changed
+    #: file is looked at again)
+    key: Tuple[int, int, int, int, int]
     #: Its first block says archive (see ``_looks_like_archive``).
     archive: bool
     #: Its source once opened; None before, and for good when opening failed (``failed``).
@@ -125,7 +126,7 @@ class ArchiveLocator(NamedTuple):
     """The folder an archive of the folder is shown as (its attributes are the file's)."""
 
     relative: str
-    #: The archive file's (device, inode number, size, mtime): a rewritten or replaced archive is
+    #: The archive file's (device, inode number, size, mtime, change time): a rewritten or replaced archive is
     #: another folder to a front-end (``MountSource.host_identity``), whose kernel then drops the
     #: old archive's members, cached as immutable entries.
     identity: Tuple[int, ...] = ()
@@ -254,7 +255,8 @@ class DirectorySource(MountSource):
         read once per version of the file)."""
         if self._generation != forks.generation:
             self._renew()
-        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        # (The change time too: an archive rewritten in place with its size and mtime put back.)
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         with self._lock:
             known = self._archives.get(relative)
             if known is not None and known.key == key:
@@ -265,7 +267,13 @@ class DirectorySource(MountSource):
                 # over it left the old one as it was: its source stays open for those reading
                 # its members. One rewritten in place is closed: its members' offsets point into
                 # the new content (their reads fail).
-                if known.key[:2] == key[:2]:
+                if known.key[:4] == key[:4]:
+                    # Rewritten with size and mtime put back, or only chmod-ed: open for its
+                    # readers as long as its watch finds the sampled blocks unchanged.
+                    self._retired.append(known.source)
+                    if len(self._retired) > RETIRED_MAX:
+                        closing = self._retired.pop(0)
+                elif known.key[:2] == key[:2]:
                     closing = known.source
                 else:
                     self._retired.append(known.source)
@@ -392,7 +400,7 @@ class DirectorySource(MountSource):
             return FileInfo(
                 mode=stat.S_IFDIR | permissions | searchable, size=0, mtime_ns=st.st_mtime_ns,
                 uid=st.st_uid, gid=st.st_gid, nlink=1, ino=0,
-                locator=ArchiveLocator(relative, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)),
+                locator=ArchiveLocator(relative, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)),
             )  # fmt: skip
         linkname = ""
         if stat.S_ISLNK(st.st_mode):

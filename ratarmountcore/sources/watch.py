@@ -46,6 +46,13 @@ APPEND_TAIL = 20 * 1024
 _CLOSED = "closed"
 
 
+def _ctime_ns(fd: int) -> int:
+    try:
+        return os.fstat(fd).st_ctime_ns
+    except OSError:
+        return -1
+
+
 class ArchiveWatch:
     """Tells whether the archive file behind ``fd`` (opened as ``stats`` describe it) still
     holds what it held then."""
@@ -56,6 +63,9 @@ class ArchiveWatch:
         self._stats = stats
         self._size = stats.size
         self._mtime_ns = stats.mtime_ns
+        #: The change time as it was when watched first: rewritten in place with the modification
+        #: time put back (``rsync --inplace -t``), an archive keeps size and mtime, never it.
+        self._ctime_ns = _ctime_ns(fd)
         self._lock = threading.Lock()
         self._next = time.monotonic() + CHECK_INTERVAL
         self._changed: Optional[str] = None
@@ -65,6 +75,7 @@ class ArchiveWatch:
         forked child. What it knows (the archive changed, or was appended to) it keeps."""
         watch = ArchiveWatch(self.path, fd, self._stats)
         watch._size, watch._mtime_ns, watch._changed = self._size, self._mtime_ns, self._changed
+        watch._ctime_ns = self._ctime_ns
         return watch
 
     def close(self) -> None:
@@ -102,7 +113,7 @@ class ArchiveWatch:
             st = os.fstat(self._fd)
         except OSError as exc:
             return f"cannot stat it: {exc.strerror}"
-        if st.st_size == self._size and st.st_mtime_ns == self._mtime_ns:
+        if st.st_size == self._size and st.st_mtime_ns == self._mtime_ns and st.st_ctime_ns == self._ctime_ns:
             return None
         old = self._stats.size
         if st.st_size < old:
@@ -121,6 +132,6 @@ class ArchiveWatch:
                 "once it is mounted again", self.path, old, st.st_size,
             )  # fmt: skip
         else:
-            logger.info("%s: modification time changed since it was mounted; content unchanged", self.path)
-        self._size, self._mtime_ns = st.st_size, st.st_mtime_ns
+            logger.info("%s: modification or change time changed since it was mounted; content unchanged", self.path)
+        self._size, self._mtime_ns, self._ctime_ns = st.st_size, st.st_mtime_ns, st.st_ctime_ns
         return None
