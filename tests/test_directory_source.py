@@ -695,3 +695,34 @@ def test_an_archive_rewritten_in_place_with_its_mtime_put_back_shows_its_new_mem
     assert (mnt / "x.tar" / "a").read_bytes() == b"A" * 10000
     assert (mnt / "x.tar" / "b").read_bytes() == b"B" * 10000
     mounter.unmount(mnt)
+
+
+def test_archives_deleted_from_a_folder_do_not_keep_their_descriptors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With -r, an archive that was opened and then deleted (its name never looked up again)
+    held its descriptor, its index connection and its disk space for the rest of the mount:
+    swept out, beyond the few kept for processes still reading them."""
+    from ratarmountcore.sources import directory
+
+    monkeypatch.setattr(directory, "SWEEP_INTERVAL", 0.0)
+    root = tmp_path / "data"
+    root.mkdir()
+
+    def descriptors() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    with ratarmountcore.open(str(root), OpenOptions(recursive=True)) as src:
+        (root / "keep.tar").write_bytes(tar_bytes({"k": b"kept"}))
+        assert src.read("/keep.tar/k") == b"kept"
+        start = descriptors()
+        for i in range(3 * directory.RETIRED_MAX):
+            archive = root / f"y{i}.tar"
+            archive.write_bytes(tar_bytes({"m": f"member {i}".encode()}))
+            assert src.read(f"/y{i}.tar/m") == f"member {i}".encode()
+            archive.unlink()
+            for suffix in (".index.sqlite",):
+                (root / f"y{i}.tar{suffix}").unlink(missing_ok=True)
+        assert src.read("/keep.tar/k") == b"kept"
+        # (Each open archive holds its file and its index: the retired ones and the last one.)
+        assert descriptors() - start <= 2 * (directory.RETIRED_MAX + 2), descriptors() - start

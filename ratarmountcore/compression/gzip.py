@@ -361,10 +361,10 @@ class RapidgzipReader(_GzipReader):
 
     def explain_failure(self) -> Optional[str]:
         # Tape tools pad to a block size with zero bytes after the last gzip member; gzip(1)
-        # ignores them, rapidgzip takes them for a member it cannot parse. More than a member's
-        # trailer (CRC-32, size) can end with: padding for certain.
+        # ignores them, rapidgzip takes five or more for a member it cannot parse (fewer it
+        # reads past). A trailer (CRC-32, size) ends in that many zeros about once in 2**32.
         zeros = self.trailing_zeros()
-        if zeros <= 8:
+        if zeros < 5:
             return None
         return (
             f"the file ends with {zeros} zero bytes after the gzip data (padding, as tape tools write), "

@@ -37,6 +37,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from ..errors import NotFoundError, RatarmountError, ReplacedFileError
@@ -110,6 +111,9 @@ MAX_SLOTS = (1 << 15) - 1
 #: reading their members (a replaced file still reads its old bytes); beyond this many the
 #: oldest is closed.
 RETIRED_MAX = 32
+#: Seconds between two looks for open archives whose file was deleted or replaced without a
+#: lookup of its name since (``_sweep``): their sources are retired like replaced ones.
+SWEEP_INTERVAL = 10.0
 
 
 def _member_ino(base: int, ino: int) -> int:
@@ -148,6 +152,7 @@ class DirectorySource(MountSource):
         self._archives: Dict[str, _Known] = {}
         #: Sources of archives that changed since they were opened (``RETIRED_MAX``), oldest first.
         self._retired: List[MountSource] = []
+        self._next_sweep = time.monotonic() + SWEEP_INTERVAL
         #: relative path -> lock held while that archive is opened
         self._opening: Dict[str, threading.Lock] = {}
         #: (relative path, path shown, source) of each archive opened, by slot - 1; id(source) ->
@@ -255,6 +260,8 @@ class DirectorySource(MountSource):
         read once per version of the file)."""
         if self._generation != forks.generation:
             self._renew()
+        if time.monotonic() >= self._next_sweep:
+            self._sweep()
         # (The change time too: an archive rewritten in place with its size and mtime put back.)
         key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         with self._lock:
@@ -283,6 +290,33 @@ class DirectorySource(MountSource):
         if closing is not None:
             closing.close()
         return known
+
+    def _sweep(self) -> None:
+        """Retire the sources of open archives whose name no longer leads to their file (deleted,
+        or replaced, with no lookup of the name since): each held a descriptor and an index
+        connection for the rest of the mount, and a deleted file's disk space."""
+        self._next_sweep = time.monotonic() + SWEEP_INTERVAL
+        with self._lock:
+            opened = [(relative, known) for relative, known in self._archives.items() if known.source is not None]
+        gone = []
+        for relative, known in opened:
+            try:
+                st = os.stat(relative, dir_fd=self._fd, follow_symlinks=False)
+                if (st.st_dev, st.st_ino) == known.key[:2]:
+                    continue
+            except OSError:
+                pass
+            gone.append((relative, known))
+        closing: List[MountSource] = []
+        with self._lock:
+            for relative, known in gone:
+                if self._archives.get(relative) is known and known.source is not None:
+                    del self._archives[relative]
+                    self._retired.append(known.source)
+            while len(self._retired) > RETIRED_MAX:
+                closing.append(self._retired.pop(0))
+        for source in closing:
+            source.close()
 
     def _shown_as_folder(self, parent: int, name: str, relative: str, st: os.stat_result) -> bool:
         known = self._known(parent, name, relative, st)
