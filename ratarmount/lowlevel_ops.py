@@ -566,7 +566,8 @@ class LowLevelOperations:
                 if info.is_dir:
                     folders[entry_node] = prefix + name
             elif raw == waiting:  # not named by the table when served either
-                listing.append((raw, prefix + name, info, plus(0, info, timeout, offset, raw, info.ino or UNKNOWN_INO)))
+                shown = info.ino or self._shown_ino(0, info) or UNKNOWN_INO
+                listing.append((raw, prefix + name, info, plus(0, info, timeout, offset, raw, shown)))
             else:
                 listing.append((raw, prefix + name, info, b""))
         return listing
@@ -704,7 +705,9 @@ class LowLevelOperations:
         if not plus:
             # A READDIRPLUS record ends with the plain record (its node id and attributes cut).
             return b"".join(
-                record[abi.ENTRY_SIZE :] if record else abi.dirent(info.ino or UNKNOWN_INO, index, name, info.mode)  # type: ignore[union-attr]
+                record[abi.ENTRY_SIZE :]
+                if record
+                else abi.dirent(info.ino or self._shown_ino(0, info) or UNKNOWN_INO, index, name, info.mode)  # type: ignore[union-attr,arg-type]
                 for index, (name, _path, info, record) in enumerate(page, start=offset + 1)
             )
         identity = self.source.host_identity

@@ -619,6 +619,7 @@ def test_a_folder_file_keeps_its_inode_number_when_changed_in_place(mounter: Mou
         time.sleep(1.1)  # (the kernel keeps attributes for a second)
         numbers.append(os.stat(mnt / "log.txt").st_ino)
     assert len(set(numbers)) == 1, numbers
+    assert {entry.name: entry.inode() for entry in os.scandir(mnt)}["log.txt"] == numbers[0]  # (d_ino)
     assert (mnt / "log.txt").read_bytes() == b"first line\nsecond line\n"
     mounter.unmount(mnt)
 
