@@ -727,3 +727,25 @@ def test_archives_deleted_from_a_folder_do_not_keep_their_descriptors(
         assert src.read("/keep.tar/k") == b"kept"
         # (Each open archive holds its file and its index: the retired ones and the last one.)
         assert descriptors() - start <= 2 * (directory.RETIRED_MAX + 2), descriptors() - start
+
+
+def test_a_reader_of_a_growing_folder_file_reads_what_was_appended(mounter: Mounter, tmp_path: Path) -> None:
+    """A log in a mounted folder, read by a process that keeps it open (tail -f): what is
+    appended after the open is read too, once the kernel knows the new size."""
+    root = tmp_path / "data"
+    root.mkdir()
+    log = root / "log.txt"
+    log.write_bytes(b"line 1\n")
+    mnt = mounter.mount(root)
+    with open(mnt / "log.txt", "rb") as reader:
+        assert reader.read() == b"line 1\n"
+        with open(log, "ab") as writer:
+            writer.write(b"line 2\n")
+        time.sleep(1.2)  # (the kernel keeps the size it knows for a second)
+        assert reader.read() == b"line 2\n"
+    with ratarmountcore.open(str(root)) as src, src.open("/log.txt") as f:
+        assert f.read(3) == b"lin"
+        with open(log, "ab") as writer:
+            writer.write(b"line 3\n")
+        assert f.read() == b"e 1\nline 2\nline 3\n"
+    mounter.unmount(mnt)

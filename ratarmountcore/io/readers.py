@@ -242,12 +242,16 @@ class MemberFile(io.RawIOBase):
         guard: Optional[Callable[[], None]] = None,
         renew: Optional[Callable[[], Tuple[RandomAccessReader, Optional[Callable[[], None]]]]] = None,
         on_close: Optional[Callable[[], None]] = None,
+        current_size: Optional[Callable[[], int]] = None,
     ) -> None:
         """``renew``: in a forked child, the reader and guard of that process (``io/forks.py``);
         without it, a handle opened before a fork fails with EIO after it. ``on_close``: called
-        once when the handle is closed (a reader of its own to close)."""
+        once when the handle is closed (a reader of its own to close). ``current_size``: for a
+        file of the host, which may grow or shrink while open (a log): its size now, asked for
+        when a read reaches past the size known (``tail -f`` through the mount)."""
         super().__init__()
         self._on_close = on_close
+        self._current_size = current_size
         self._reader = reader
         self._generation = forks.generation
         self._renew = renew
@@ -312,6 +316,8 @@ class MemberFile(io.RawIOBase):
         """Read without touching the handle's position (used by FUSE)."""
         if self._generation != forks.generation:
             self._after_fork()
+        if self._current_size is not None and offset + size > self._size:
+            self._size = self._current_size()
         if offset >= self._size or size <= 0:
             return b""
         if self._guard is not None:
@@ -319,7 +325,7 @@ class MemberFile(io.RawIOBase):
         size = min(size, self._size - offset)
         if not self._sparse:
             data = self._reader.pread(self._offset + offset, size)
-            if len(data) != size:
+            if len(data) != size and self._current_size is None:
                 raise OSError(f"short read from archive at offset {self._offset + offset}")
             return data
         return self._pread_sparse(offset, size)
@@ -328,6 +334,8 @@ class MemberFile(io.RawIOBase):
         """Like ``pread`` into ``view`` (used by FUSE to fill libfuse's buffer directly)."""
         if self._generation != forks.generation:
             self._after_fork()
+        if self._current_size is not None and offset + len(view) > self._size:
+            self._size = self._current_size()
         if offset >= self._size or not len(view):
             return 0
         if self._guard is not None:
@@ -338,7 +346,7 @@ class MemberFile(io.RawIOBase):
             view[:size] = data
             return size
         count = preadinto(self._reader, self._offset + offset, view[:size])
-        if count != size:
+        if count != size and self._current_size is None:  # (a host file may have shrunk)
             raise OSError(f"short read from archive at offset {self._offset + offset}")
         return count
 
@@ -367,7 +375,8 @@ class MemberFile(io.RawIOBase):
             self._after_fork()
         with self._lock:
             view = memoryview(buffer).cast("B")
-            count = self.preadinto(self._pos, view) if self._pos < self._size else 0
+            grows = self._current_size is not None
+            count = self.preadinto(self._pos, view) if self._pos < self._size or grows else 0
             self._pos += count
             return count
 
@@ -376,6 +385,8 @@ class MemberFile(io.RawIOBase):
         if self._generation != forks.generation:
             self._after_fork()
         with self._lock:
+            if self._current_size is not None:
+                self._size = self._current_size()
             data = self.pread(self._pos, self._size - self._pos)
             self._pos += len(data)
             return data

@@ -662,7 +662,14 @@ class DirectorySource(MountSource):
         if locator.identity and locator.identity[:2] != (st.st_dev, st.st_ino):
             reader.close()
             raise ReplacedFileError(errno.ESTALE, "replaced since it was looked up", locator.relative)
-        return MemberFile(reader, 0, reader.size, name=locator.relative, on_close=reader.close)
+
+        def current_size() -> int:  # (the file may have grown since: a log being written)
+            reader.size = os.fstat(reader.fd).st_size
+            return reader.size
+
+        return MemberFile(
+            reader, 0, st.st_size, name=locator.relative, on_close=reader.close, current_size=current_size
+        )
 
     def statfs(self) -> Dict[str, int]:
         st = os.statvfs(self._fd)
