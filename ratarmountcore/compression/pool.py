@@ -357,6 +357,7 @@ class InstancePool(Generic[T]):
             _IDLE.forget(slot)
             self._safe_close(slot.instance)
         _LIVE_POOLS.discard(self)
+        _CLOSED_AT_FORK.discard(self)
 
 
 _LIVE_POOLS: "weakref.WeakSet[InstancePool[Any]]" = weakref.WeakSet()

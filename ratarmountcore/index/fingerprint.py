@@ -23,6 +23,9 @@ class ArchiveStats:
     #: SHA-256 of each block: hashing every sample twice was half of opening an archive (1,000
     #: archives of a folder: 1.9 of 2.9 s in ``archive_stats``).
     samples: Tuple[Tuple[int, int], ...] = field(default=(), compare=False, repr=False)
+    #: The change time (``st_ctime_ns``; -1: unknown), for ``sources/watch.py``: not part of the
+    #: identity either (a copy of the archive on another node has another).
+    ctime_ns: int = field(default=-1, compare=False, repr=False)
 
     def differences(self, other: "ArchiveStats") -> str:
         """Human-readable reason why two stats differ ("" if equal)."""
@@ -50,7 +53,11 @@ def archive_stats(fd: int) -> ArchiveStats:
         digest.update(block)
         samples.append((offset, zlib.crc32(block)))
     return ArchiveStats(
-        size=st.st_size, mtime_ns=st.st_mtime_ns, fingerprint=digest.hexdigest()[:32], samples=tuple(samples)
+        size=st.st_size,
+        mtime_ns=st.st_mtime_ns,
+        fingerprint=digest.hexdigest()[:32],
+        samples=tuple(samples),
+        ctime_ns=st.st_ctime_ns,
     )
 
 

@@ -316,18 +316,11 @@ class ArchiveSource(RenewedAfterFork, MountSource):
             "f_namemax": 255,
         }
 
-    def close(self) -> None:
-        if self._generation != forks.generation:  # the parent's: neither used nor freed here
-            self._park_parent_objects()
-            return
+    def _close_inner(self) -> None:
         with self._nested_lock:
             for nested in self._nested.values():
                 nested.close()
             self._nested.clear()
-        if self._watch is not None:
-            self._watch.close()
-        self._index.close()
-        self._reader.close()
 
 
 def _renewal(

@@ -136,6 +136,12 @@ class ArchiveLocator(NamedTuple):
     identity: Tuple[int, ...] = ()
 
 
+def _archive_key(st: os.stat_result) -> Tuple[int, int, int, int, int]:
+    """Which version of an archive file this is: (device, inode, size, mtime, change time). The
+    change time too: an archive rewritten in place with its size and mtime put back."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 class DirectorySource(MountSource):
     def __init__(self, path: str, options: Optional[OpenOptions] = None) -> None:
         self.path = os.path.abspath(path)
@@ -262,34 +268,34 @@ class DirectorySource(MountSource):
             self._renew()
         if time.monotonic() >= self._next_sweep:
             self._sweep()
-        # (The change time too: an archive rewritten in place with its size and mtime put back.)
-        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        key = _archive_key(st)
         with self._lock:
             known = self._archives.get(relative)
             if known is not None and known.key == key:
                 return known
-            closing = None
+            closing: List[MountSource] = []
             if known is not None and known.source is not None:
-                # The file changed: opened again (its index checked) when used. A file renamed
-                # over it left the old one as it was: its source stays open for those reading
-                # its members. One rewritten in place is closed: its members' offsets point into
-                # the new content (their reads fail).
-                if known.key[:4] == key[:4]:
-                    # Rewritten with size and mtime put back, or only chmod-ed: open for its
-                    # readers as long as its watch finds the sampled blocks unchanged.
-                    self._retired.append(known.source)
-                    if len(self._retired) > RETIRED_MAX:
-                        closing = self._retired.pop(0)
-                elif known.key[:2] == key[:2]:
-                    closing = known.source
+                # The file changed: opened again (its index checked) when used. One rewritten in
+                # place is closed: its members' offsets point into the new content (their reads
+                # fail). Else its source stays open for those reading its members: a file renamed
+                # over it left the old one as it was, and one rewritten with size and mtime put
+                # back (or only chmod-ed) is read as long as its watch finds it unchanged.
+                if known.key[:2] == key[:2] and known.key[:4] != key[:4]:
+                    closing.append(known.source)
                 else:
-                    self._retired.append(known.source)
-                    if len(self._retired) > RETIRED_MAX:
-                        closing = self._retired.pop(0)
+                    closing += self._retire(known.source)
             known = self._archives[relative] = _Known(key, self._looks_like_archive(parent, name))
-        if closing is not None:
-            closing.close()
+        for source in closing:
+            source.close()
         return known
+
+    def _retire(self, source: MountSource) -> List[MountSource]:
+        """(Under the lock.) Keep ``source`` open for its readers; the retired sources beyond
+        ``RETIRED_MAX``, oldest first, for the caller to close (outside the lock)."""
+        self._retired.append(source)
+        closing = self._retired[:-RETIRED_MAX]
+        del self._retired[:-RETIRED_MAX]
+        return closing
 
     def _sweep(self) -> None:
         """Retire the sources of open archives whose name no longer leads to their file (deleted,
@@ -312,9 +318,7 @@ class DirectorySource(MountSource):
             for relative, known in gone:
                 if self._archives.get(relative) is known and known.source is not None:
                     del self._archives[relative]
-                    self._retired.append(known.source)
-            while len(self._retired) > RETIRED_MAX:
-                closing.append(self._retired.pop(0))
+                    closing += self._retire(known.source)
         for source in closing:
             source.close()
 
@@ -434,7 +438,7 @@ class DirectorySource(MountSource):
             return FileInfo(
                 mode=stat.S_IFDIR | permissions | searchable, size=0, mtime_ns=st.st_mtime_ns,
                 uid=st.st_uid, gid=st.st_gid, nlink=1, ino=0,
-                locator=ArchiveLocator(relative, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)),
+                locator=ArchiveLocator(relative, _archive_key(st)),
             )  # fmt: skip
         linkname = ""
         if stat.S_ISLNK(st.st_mode):

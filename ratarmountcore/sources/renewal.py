@@ -38,6 +38,19 @@ class RenewedAfterFork:
     def _park_parent_objects(self) -> None:
         forks.park(*self._parent_objects())
 
+    def close(self) -> None:
+        if self._generation != forks.generation:  # the parent's: neither used nor freed here
+            self._park_parent_objects()
+            return
+        self._close_inner()
+        if self._watch is not None:
+            self._watch.close()  # (its descriptor goes with the reader)
+        self._index.close()
+        self._reader.close()
+
+    def _close_inner(self) -> None:
+        """What a source holds besides its reader, index and watch (closed first)."""
+
     def _renew(self) -> None:
         with forks.renewal_lock():
             if self._generation == forks.generation:

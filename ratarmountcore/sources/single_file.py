@@ -151,15 +151,6 @@ class SingleFileSource(RenewedAfterFork, MountSource):
             "f_namemax": 255,
         }
 
-    def close(self) -> None:
-        if self._generation != forks.generation:  # the parent's: neither used nor freed here
-            self._park_parent_objects()
-            return
-        if self._watch is not None:
-            self._watch.close()
-        self._index.close()
-        self._reader.close()
-
 
 def open_single_file(
     path: str,

@@ -46,13 +46,6 @@ APPEND_TAIL = 20 * 1024
 _CLOSED = "closed"
 
 
-def _ctime_ns(fd: int) -> int:
-    try:
-        return os.fstat(fd).st_ctime_ns
-    except OSError:
-        return -1
-
-
 class ArchiveWatch:
     """Tells whether the archive file behind ``fd`` (opened as ``stats`` describe it) still
     holds what it held then."""
@@ -65,7 +58,7 @@ class ArchiveWatch:
         self._mtime_ns = stats.mtime_ns
         #: The change time as it was when watched first: rewritten in place with the modification
         #: time put back (``rsync --inplace -t``), an archive keeps size and mtime, never it.
-        self._ctime_ns = _ctime_ns(fd)
+        self._ctime_ns = stats.ctime_ns
         self._lock = threading.Lock()
         self._next = time.monotonic() + CHECK_INTERVAL
         self._changed: Optional[str] = None
