@@ -781,6 +781,50 @@ def test_hard_links_follow_extraction_order(tmp_path: Path) -> None:
         assert stat.S_IMODE(s.info("/s644").mode) == 0o777
 
 
+def test_hard_links_through_linked_folders(tmp_path: Path) -> None:
+    """A hard link's target path may pass through a symbolic link to a folder: ``tar -x`` makes
+    the link with ``linkat``, which follows it. GNU tar makes links that are absolute or hold
+    ``..`` only at the end (a placeholder file until then), so links through those fail, as do
+    links through a symbolic link made later and loops."""
+    archive = tmp_path / "through.tar"
+    with tarfile.open(archive, "w", format=tarfile.GNU_FORMAT) as tar:
+        _add(tar, "real", type=tarfile.DIRTYPE, mode=0o755)
+        _add(tar, "real/f", b"in real", mode=0o640, uid=7)
+        _add(tar, "real/sub", type=tarfile.DIRTYPE, mode=0o755)
+        _add(tar, "real/sub/g", b"deeper")
+        _add(tar, "real/sub/up", type=tarfile.SYMTYPE, linkname="g-dir")
+        _add(tar, "real/sub/g-dir", type=tarfile.DIRTYPE, mode=0o700)
+        _add(tar, "real/sub/g-dir/k", b"beside")
+        _add(tar, "link", type=tarfile.SYMTYPE, linkname="real")
+        _add(tar, "chain", type=tarfile.SYMTYPE, linkname="link")
+        _add(tar, "here", type=tarfile.SYMTYPE, linkname=".")
+        _add(tar, "abs", type=tarfile.SYMTYPE, linkname="/real")
+        _add(tar, "dots", type=tarfile.SYMTYPE, linkname="real/../real")
+        _add(tar, "loop1", type=tarfile.SYMTYPE, linkname="loop2")
+        _add(tar, "loop2", type=tarfile.SYMTYPE, linkname="loop1")
+        _add(tar, "h1", type=tarfile.LNKTYPE, linkname="link/f")
+        _add(tar, "h2", type=tarfile.LNKTYPE, linkname="chain/sub/g")
+        _add(tar, "h3", type=tarfile.LNKTYPE, linkname="here/here/real/f")
+        _add(tar, "h4", type=tarfile.LNKTYPE, linkname="link/sub/up/k")
+        _add(tar, "bad-abs", type=tarfile.LNKTYPE, linkname="abs/f")
+        _add(tar, "bad-dots", type=tarfile.LNKTYPE, linkname="dots/f")
+        _add(tar, "bad-loop", type=tarfile.LNKTYPE, linkname="loop1/f")
+        _add(tar, "bad-late", type=tarfile.LNKTYPE, linkname="late/f")
+        _add(tar, "late", type=tarfile.SYMTYPE, linkname="real")
+        _add(tar, "bad-file", type=tarfile.LNKTYPE, linkname="real/f/x")
+    dest = tmp_path / "x"
+    result = tar_extract(archive, dest, check=False)
+    assert result.returncode == 2
+    for name in ("bad-abs", "bad-dots", "bad-loop", "bad-late", "bad-file"):
+        assert name.encode() in result.stderr and not os.path.lexists(dest / name)
+    expected = snapshot_dir(dest)
+    assert expected["/h4"].digest == expected["/real/sub/g-dir/k"].digest
+    with ratarmountcore.open(str(archive), FRESH) as s:
+        compare_trees(expected, snapshot_source(s), check_root=False, label="through links")
+        assert s.read("/h1") == s.read("/h3") == b"in real" and s.info("/real/f").nlink == 3
+        assert s.info("/h1").uid == 7 and s.read("/h2") == b"deeper" and s.read("/h4") == b"beside"
+
+
 def test_all_zero_archive(tmp_path: Path) -> None:
     archive = tmp_path / "zeros.tar"
     archive.write_bytes(b"\0" * 10240)

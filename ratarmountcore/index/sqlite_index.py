@@ -19,16 +19,18 @@ import weakref
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..errors import InvalidIndexError, StaleIndexError
-from ..tar.scanner import KIND_DIR, KIND_HARDLINK, MemberRecord
+from ..tar.scanner import KIND_DIR, KIND_HARDLINK, KIND_SYMLINK, MemberRecord, normalize_path
 from . import dirents, extraction_order
 from .fingerprint import ArchiveStats
-from .paths import parent_and_name
+from .paths import join_path, parent_and_name
 from .pool import ConnectionPool, read_only_uri
 
 logger = logging.getLogger(__name__)
 
-#: Bump when the schema or the meaning of a column changes; older indexes are rebuilt.
-FORMAT_VERSION = "6"
+#: Bump when the schema or the meaning of a column changes, or when older indexes lack members
+#: (7: hard links whose target path passes through a symbolic link to a folder); older indexes
+#: are rebuilt.
+FORMAT_VERSION = "7"
 #: ``offset_header`` of folders that no member names, only member paths imply.
 IMPLICIT = -1
 
@@ -123,6 +125,10 @@ def split_path(path: str) -> Tuple[bytes, bytes]:
 
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+#: Symbolic links followed on the way to a hard link's target before giving up (the kernel's
+#: limit, ELOOP).
+_MAX_LINK_HOPS = 40
 
 
 def encode_big_int(value: int) -> bytes:
@@ -462,19 +468,25 @@ class IndexWriter:
         """Give each hard link its target's data, metadata and inode (as GNU tar extracts them:
         the target is the newest member of that name *before* the link)."""
         conn = self._conn
-        links = conn.execute("SELECT id, linkname FROM files WHERE is_hardlink = 1 ORDER BY id").fetchall()
-        for row_id, linkname in links:
-            parent, name = split_path(linkname.decode("utf-8", "surrogateescape"))
-            target = conn.execute(
-                "SELECT kind, mode, size, mtime_ns, uid, gid, ino, linkname, offset_data, sparse, rdev "
-                "FROM files WHERE parent = ? AND name = ? AND id < ? ORDER BY id DESC LIMIT 1",
-                (parent, name, row_id),
-            ).fetchone()
+        links = conn.execute(
+            "SELECT id, parent, name, linkname FROM files WHERE is_hardlink = 1 ORDER BY id"
+        ).fetchall()
+        query = (
+            "SELECT kind, mode, size, mtime_ns, uid, gid, ino, linkname, offset_data, sparse, rdev "
+            "FROM files WHERE parent = ? AND name = ? AND id < ? ORDER BY id DESC LIMIT 1"
+        )
+        for row_id, parent, name, linkname in links:
+            path = linkname.decode("utf-8", "surrogateescape")
+            target = conn.execute(query, (*split_path(path), row_id)).fetchone()
+            if target is None:
+                through = self._through_folder_links(path, row_id)
+                if through is not None:
+                    target = conn.execute(query, (*split_path(through), row_id)).fetchone()
             if target is None or target[0] == KIND_DIR:
                 logger.warning(
-                    "Hard link %r points to %r, which is not in the archive before it; leaving it out",
-                    linkname,
-                    linkname,
+                    "Hard link %s points to %s, which is not a file in the archive before it; leaving it out",
+                    join_path(parent, name).decode("utf-8", "backslashreplace"),
+                    path,
                 )
                 conn.execute("DELETE FROM files WHERE id = ?", (row_id,))
                 continue
@@ -483,6 +495,31 @@ class IndexWriter:
                 "offset_data=?, sparse=?, rdev=? WHERE id = ?",
                 (*target, row_id),
             )
+
+    def _through_folder_links(self, path: str, before: int) -> Optional[str]:
+        """``path`` with its folders that are symbolic links replaced by their targets, as the
+        kernel resolves a hard link's target when ``tar -x`` makes the link (``dir/f`` where
+        ``dir`` links to ``real``); None when a link on the way is one GNU tar makes only at the
+        end of the extraction (absolute or with ``..``), or on a loop."""
+        query = "SELECT kind, linkname FROM files WHERE parent = ? AND name = ? AND id < ? ORDER BY id DESC LIMIT 1"
+        parts = path.strip("/").split("/")
+        followed = False
+        index = 0
+        for _ in range(_MAX_LINK_HOPS + len(parts)):
+            if index >= len(parts) - 1:
+                return "/" + "/".join(parts) if followed else None
+            folder = "/" + "/".join(parts[:index])
+            row = self._conn.execute(query, (encode(folder), encode(parts[index]), before)).fetchone()
+            if row is None or row[0] != KIND_SYMLINK:
+                index += 1
+                continue
+            target = row[1].decode("utf-8", "surrogateescape")
+            if not target or target.startswith("/") or ".." in target.split("/"):
+                return None  # GNU tar puts a placeholder file there until the end
+            inside = normalize_path(posixpath.join(folder, target)).strip("/")
+            parts = (inside.split("/") if inside else []) + parts[index + 1 :]
+            followed = True
+        return None
 
     def _count_hardlinks(self) -> None:
         conn = self._conn
