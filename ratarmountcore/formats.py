@@ -41,6 +41,12 @@ def tar_header_checksum_ok(block: bytes) -> bool:
     return stored == signed
 
 
+def has_tar_magic(block: bytes) -> bool:
+    """True when ``block`` carries the magic of a ustar, pax or GNU header (whatever its checksum
+    says): a tar whose first header is damaged, not some other data."""
+    return block[257:262] == b"ustar"
+
+
 def sniff_bytes(head: bytes) -> FormatId:
     if head[:2] == b"\x1f\x8b":
         return FormatId.GZIP

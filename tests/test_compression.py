@@ -6,6 +6,8 @@ reads. Archives are made with the real command-line tools and with Python, in te
 from __future__ import annotations
 
 import bz2
+import collections
+import dataclasses
 import gzip
 import io
 import logging
@@ -336,6 +338,49 @@ def test_corrupt_byte_gives_errors_never_wrong_bytes(kind: str, small_tar: Path,
     archive.write_bytes(bytes(raw))
     _good, errors = read_everything(archive, expected, opts)
     assert errors > 0
+
+
+@pytest.mark.parametrize("kind", DAMAGE_KINDS)
+def test_damage_at_the_start_is_an_error_not_a_single_file(kind: str, tmp_path: Path) -> None:
+    """A byte flipped near the start of a compressed tar: the archive fails to open with a
+    one-line error naming it, or opens as the tar it is -- never as one file named ``x.tar``. A
+    damaged first zstd block used to decode a wrong first tar header (zstd checks a frame at its
+    end), and the archive was shown as one file whose every read failed."""
+    from ratarmountcore.sources.single_file import SingleFileSource
+
+    kind, opts = split_kind(kind)
+    opts = dataclasses.replace(opts, index=dataclasses.replace(opts.index, recreate=True))
+    tiny = tmp_path / "tiny.tar"
+    with tarfile.open(tiny, "w", format=tarfile.GNU_FORMAT) as tar:
+        for k in range(3):
+            info = tarfile.TarInfo(f"member-{k}.txt")
+            data = random.Random(k).randbytes(3000)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    archive = compress(tiny, kind)
+    original = archive.read_bytes()
+    outcomes = collections.Counter()
+    for offset in range(4, min(len(original), 200), 5):
+        raw = bytearray(original)
+        raw[offset] ^= 0x55
+        archive.write_bytes(bytes(raw))
+        try:
+            src = ratarmountcore.open(str(archive), opts)
+        except (OSError, ArchiveError) as exc:
+            assert str(archive) in str(exc) and "\n" not in str(exc), str(exc)
+            outcomes["refused"] += 1
+            continue
+        with src:
+            assert not isinstance(src, SingleFileSource), f"{kind}, byte {offset}: {src.listdir('/')}"
+            outcomes["tar"] += 1
+    assert outcomes["refused"] > 0, outcomes
+    # The tar itself damaged, the compression intact: the same error as for a plain .tar.
+    raw = bytearray(tiny.read_bytes())
+    raw[5] ^= 0x55
+    tiny.write_bytes(bytes(raw))
+    archive = compress(tiny, kind)
+    with pytest.raises(ArchiveError, match="no valid tar header"):
+        ratarmountcore.open(str(archive), opts).close()
 
 
 def test_bit_rot_after_indexing_fails_only_the_affected_members(small_tar: Path, tmp_path: Path) -> None:

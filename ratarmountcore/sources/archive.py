@@ -350,7 +350,7 @@ def _renewal(
 def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSource:
     """Open (and on first use, index) the archive at ``path``."""
     from ..compression.registry import open_compressed
-    from ..formats import COMPRESSIONS, FormatId, sniff_bytes
+    from ..formats import COMPRESSIONS, FormatId, has_tar_magic, sniff_bytes
     from ..io.descriptors import check_left
 
     options = options or OpenOptions()
@@ -385,7 +385,17 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
             compressed = open_compressed(path, plain, fmt, options.compression)
             reader = compressed
             build_options.update(compressed.index_options())
-            if sniff_bytes(compressed.head(512)) is not FormatId.TAR:  # e.g. data.csv.gz
+            head = compressed.head(512)
+            is_tar = sniff_bytes(head) is FormatId.TAR
+            if not is_tar and has_tar_magic(head):
+                # A tar whose first header is damaged: in the compressed data (a read checked by
+                # the decoder says so), or in the tar itself. Not a single file named x.tar.
+                with compressed.explained_failures():
+                    compressed.pread(0, len(head))
+                raise ArchiveError(
+                    f"{path}: not a tar archive (no valid tar header at the start of the decompressed data)"
+                )
+            if not is_tar:  # e.g. data.csv.gz
                 from .single_file import open_single_file
 
                 build_options["layout"] = "single_file"

@@ -171,6 +171,10 @@ def open_single_file(
     def build(writer: IndexWriter) -> None:
         with reader.explained_failures():
             reader.export_seek_points(writer)  # the first pass: verifies the stream, learns its size
+            # The head that made this a single file was decoded without the checks at a frame's
+            # end (zstd, xz), which skips frames that check themselves: a damaged first frame
+            # may have turned a tar header into other bytes. Read it again, checked.
+            reader.pread(0, 512)
         writer.add(single_file_record(name, reader.size, archive_mode, stats, owner))
 
     index = open_or_build(path, stats, options.index, build_options, build, owner)
