@@ -441,6 +441,19 @@ def test_truncated_archive_fails_with_one_line_naming_the_file(kind: str, small_
     assert message.startswith(str(archive)) and "\n" not in message, message
 
 
+@pytest.mark.parametrize("after", [b"", b"\x28\xb5\x2f\xfd"])
+def test_truncated_skippable_zstd_frame_is_refused(after: bytes, small_tar: Path, tmp_path: Path) -> None:
+    """A skippable frame (a seek table, say) that claims more bytes than the file holds: the
+    file is truncated (``zstd -d``: "premature end"), not an empty or a shorter file."""
+    frame = compress(fresh_copy(small_tar, tmp_path), "zst-cli").read_bytes()
+    archive = tmp_path / "cut.tar.zst"
+    archive.write_bytes(frame + b"\x5e\x2a\x4d\x18" + (100).to_bytes(4, "little") + b"s" * 40 + after)
+    with pytest.raises(ArchiveError, match="truncated") as caught:
+        ratarmountcore.open(str(archive), options()).close()
+    assert str(caught.value).startswith(str(archive)) and "skippable frame" in str(caught.value)
+    assert not list(tmp_path.glob("cut.tar.zst.index*"))
+
+
 # --- single compressed files -------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["gz-cli", "bz2-cli", "zst-cli", "xz-cli", "zst-python-frames"])
 def test_single_compressed_file_is_mounted_as_one_file(

@@ -123,7 +123,11 @@ class ZstdReader(FramedReader):
                 raise TruncatedArchiveError(f"{self.path}: zstd data is truncated at byte {position}")
             magic = int.from_bytes(head[:4], "little")
             if magic & SKIPPABLE_MASK == SKIPPABLE_MAGIC:
-                position += 8 + int.from_bytes(head[4:8], "little")
+                frame_end = position + 8 + int.from_bytes(head[4:8], "little")
+                if frame_end > end_of_file:  # (``zstd -d``: "premature end")
+                    where = f"the skippable frame at byte {position} ends after the file"
+                    raise TruncatedArchiveError(f"{self.path}: zstd data is truncated ({where})")
+                position = frame_end
                 continue
             if magic != ZSTD_MAGIC:
                 raise CorruptDataError(f"{self.path}: corrupt zstd data (no frame starts at byte {position})")
