@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import errno
 import gzip
+import io
 import os
 import random
 import shutil
 import stat
 import struct
+import tarfile
 import tempfile
 import threading
 import time
@@ -563,6 +565,47 @@ def test_union_with_a_folder_lists_the_folder_as_it_is_now(mounter: Mounter, tmp
         now = {"/d/s.txt": b"folder s", "/new.txt": b"new", "/e/deep.txt": b"deep", "/d/b.txt": b"folder b"}
         time.sleep(1.2)  # (the kernel keeps a folder source's listings for 1 s)
         assert api() == mounted() == expected_union(layers_of(now))
+    mounter.unmount(mnt)
+
+
+def test_a_folder_sources_file_hides_earlier_folders_below_it(mounter: Mounter, tmp_path: Path) -> None:
+    """A file in a folder source where an earlier archive has a folder hides that folder's
+    entries, also where a later archive has the folder again (which then holds only its own
+    entries, as in a union of archives alone); removing the file shows them again."""
+    for name, files in (
+        ("a.tar", {"d/": b"", "d/x.txt": b"a x", "d/e/": b"", "d/e/deep.txt": b"a deep", "k.txt": b"a k"}),
+        ("b.tar", {"d/": b"", "d/y.txt": b"b y", "d/e/": b"", "d/e/z.txt": b"b z"}),  # (folders of its own)
+    ):
+        with tarfile.open(tmp_path / name, "w", format=tarfile.GNU_FORMAT) as tar:
+            for member, data in files.items():
+                info = tarfile.TarInfo(member.rstrip("/"))
+                info.type, info.size = (tarfile.DIRTYPE, 0) if member.endswith("/") else (tarfile.REGTYPE, len(data))
+                tar.addfile(info, io.BytesIO(data))
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "d").write_bytes(b"a file in the folder")
+    paths = [tmp_path / "a.tar", folder, tmp_path / "b.tar"]
+    mnt = mounter.mount(*paths)
+    with ratarmountcore.open([str(p) for p in paths]) as src:
+        api = lambda: union_files(  # noqa: E731
+            lambda d: [(n, src.info(f"{d}/{n}").is_dir) for n in src.listdir(d or "/")], src.read
+        )
+        mounted = lambda: union_files(  # noqa: E731
+            lambda d: [(e.name, e.is_dir()) for e in os.scandir(d)], lambda p: Path(p).read_bytes(), str(mnt)
+        )
+        hidden = {"/d/y.txt": b"b y", "/d/e/z.txt": b"b z", "/k.txt": b"a k"}
+        assert api() == mounted() == hidden
+        for path in ("/d/x.txt", "/d/e/deep.txt"):
+            assert not src.exists(path) and not os.path.lexists(f"{mnt}{path}")
+        assert src.listdir("/d/e") == ["z.txt"] and src.listdir("/d") == ["e", "y.txt"]
+        (folder / "d").unlink()
+        time.sleep(1.2)  # (the kernel keeps a folder source's names for 1 s)
+        shown = {**hidden, "/d/x.txt": b"a x", "/d/e/deep.txt": b"a deep"}
+        assert api() == mounted() == shown
+        (folder / "d").mkdir()
+        (folder / "d" / "e").write_bytes(b"now e is a file")  # hides d/e below it, not d/x.txt
+        time.sleep(1.2)
+        assert api() == mounted() == {"/d/x.txt": b"a x", "/d/y.txt": b"b y", "/d/e/z.txt": b"b z", "/k.txt": b"a k"}
     mounter.unmount(mnt)
 
 

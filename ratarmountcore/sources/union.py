@@ -290,6 +290,8 @@ class UnionSource(MountSource):
             info = self.sources[mutable].lookup(path)
             if info is not None:
                 return self._wrap(mutable, info)
+            if self._hides(mutable, parent):
+                return None  # what earlier sources have below ``parent`` is not the union's
         if number is not None:
             info = self.sources[number].lookup(path)
             if info is not None:
@@ -301,18 +303,46 @@ class UnionSource(MountSource):
                     return self._wrap(other, info)
         return None
 
+    def _hides(self, number: int, folder: str) -> bool:
+        """Whether source ``number`` has something other than a folder at ``folder`` or above it:
+        then what earlier sources have below it is not the union's, even where a later source has
+        that folder again (as the table of archives does it, ``_drop_below``)."""
+        if folder == "/":
+            return False
+        source = self.sources[number]
+        info = source.lookup(folder)
+        if info is not None:
+            return not info.is_dir
+        above = ""
+        for part in folder.strip("/").split("/")[:-1]:  # (from the top: stops at the first name missing)
+            above += "/" + part
+            info = source.lookup(above)
+            if info is None:
+                return False
+            if not info.is_dir:
+                return True
+        return False
+
     def _merged_rows(self, path: str, after: Optional[bytes], limit: int) -> List[Tuple[StatRow, int]]:
         """The rows of folder ``path`` after ``after`` in name order (``limit`` -1: all) with the
         source of each: the table's, and those of the sources that may change as they are now;
         of a name in several, the last source's. Within the table's part (up to its last name
         when it filled ``limit``), so that the next part, after the last name returned, follows
         on without a gap."""
-        table = self._query(_SOURCE_ROWS_SQL, (encode(path), after or b"", limit))
+        # The last folder source that hides what sources before it have here (-1: none); then
+        # the table's part is read whole (rare), as a part of it may be all hidden.
+        hidden = max((m for m in self._mutable if self._hides(m, path)), default=-1)
+        part = limit if hidden < 0 else -1
+        table = self._query(_SOURCE_ROWS_SQL, (encode(path), after or b"", part))
         merged: Dict[bytes, Tuple[StatRow, int]] = {
-            row[0]: (row, number) for row, number in zip(plain_mtimes([r[:9] for r in table]), (r[9] for r in table))
+            row[0]: (row, number)
+            for row, number in zip(plain_mtimes([r[:9] for r in table]), (r[9] for r in table))
+            if number > hidden
         }
-        upper = table[-1][0] if 0 <= limit <= len(table) else None
+        upper = table[-1][0] if 0 <= part <= len(table) else None
         for mutable in self._mutable:  # (in order: a later one wins)
+            if mutable < hidden:
+                continue
             for row in self.sources[mutable].list_stat_rows(path) or []:
                 name = row[0]
                 if (after is not None and name <= after) or (upper is not None and name > upper):
