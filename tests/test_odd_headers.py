@@ -3,6 +3,7 @@ what GNU tar reads, and a field GNU tar rejects must not be read as some other n
 
 from __future__ import annotations
 
+import gzip
 import tarfile
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from tarcompare import FRESH, check_archive_against_tar
 
 import ratarmountcore
-from ratarmountcore.errors import CorruptHeaderError
+from ratarmountcore.errors import CorruptHeaderError, RatarmountError
 
 BLOCK = 512
 
@@ -107,3 +108,22 @@ def test_number_fields_gnu_tar_accepts(tmp_path: Path, field: bytes, size: int) 
         check_archive_against_tar(archive, tmp_path)
     with ratarmountcore.open(str(archive), FRESH) as src:
         assert src.stat("/f").st_size == size
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+@pytest.mark.parametrize(("size", "error"), [(1 << 62, "claims"), (8 << 20, "ends inside an extended header")])
+def test_an_extended_header_larger_than_the_archive_is_an_error(
+    tmp_path: Path, compressed: bool, size: int, error: str
+) -> None:
+    """A long-name header whose (base-256) size field claims far more than the archive holds:
+    a one-line error and no index, without allocating what it claims (it raised MemoryError)."""
+    header = bytearray(tarfile.TarInfo("././@LongLink").tobuf(tarfile.GNU_FORMAT)[:BLOCK])
+    header[156:157] = b"L"
+    header[124:136] = b"\x80" + size.to_bytes(11, "big")
+    raw = _checksummed(header) + b"n" * 150 + bytes(BLOCK - 150) + bytes(2 * BLOCK)
+    archive = tmp_path / ("huge.tar.gz" if compressed else "huge.tar")
+    archive.write_bytes(gzip.compress(raw) if compressed else raw)
+    with pytest.raises(RatarmountError, match=error) as caught:
+        ratarmountcore.open(str(archive), FRESH)
+    assert str(caught.value).startswith(str(archive)) and "\n" not in str(caught.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [archive.name]  # no index left behind

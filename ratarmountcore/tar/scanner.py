@@ -30,6 +30,13 @@ BLOCK = 512
 ZERO_BLOCK = b"\0" * BLOCK
 
 # Member kinds as stored in the index (one character each).
+#: The largest extended header (long name, pax records) read: far above what tar writes (GNU
+#: tar's names and links are at most a few KiB, pax records of extended attributes rarely
+#: reach MiBs), far below what a damaged size field claims.
+MAX_EXTENDED_HEADER = 256 << 20
+#: Bytes read at a time into an extended header.
+_READ_PIECE = 1 << 20
+
 KIND_FILE = "f"
 KIND_DIR = "d"
 KIND_SYMLINK = "l"
@@ -231,11 +238,20 @@ class TarScanner:
 
     # --- helpers -------------------------------------------------------------------------------
     def _read_exact(self, pos: int, size: int, what: str) -> bytes:
-        self._stream.seek(pos)
-        data = self._stream.read(size)
-        if len(data) < size:
+        """``size`` bytes at ``pos``, read a piece at a time: a damaged size field (GNU tar's
+        base-256 numbers reach 2**95) must not allocate what the archive does not hold."""
+        if self._end is not None and pos + size > self._end:
             raise TruncatedArchiveError(f"archive ends inside {what} at offset {pos}")
-        return data
+        self._stream.seek(pos)
+        pieces = []
+        left = size
+        while left > 0:
+            piece = self._stream.read(min(left, _READ_PIECE))
+            if not piece:
+                raise TruncatedArchiveError(f"archive ends inside {what} at offset {pos}")
+            pieces.append(piece)
+            left -= len(piece)
+        return b"".join(pieces)
 
     def _stream_size(self) -> int:
         self._stream.seek(0, io.SEEK_END)
@@ -375,6 +391,8 @@ class TarScanner:
                 header_start = pos
 
             if typeflag in (b"L", b"K", b"x", b"X", b"g"):
+                if size > MAX_EXTENDED_HEADER:
+                    raise CorruptHeaderError(f"the extended header at offset {pos} claims {size} bytes")
                 payload = self._read_exact(data_start, size, "an extended header")
                 if typeflag == b"L":
                     long_name = _cstr(payload)
