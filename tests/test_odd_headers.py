@@ -4,6 +4,7 @@ what GNU tar reads, and a field GNU tar rejects must not be read as some other n
 from __future__ import annotations
 
 import gzip
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -127,3 +128,29 @@ def test_an_extended_header_larger_than_the_archive_is_an_error(
         ratarmountcore.open(str(archive), FRESH)
     assert str(caught.value).startswith(str(archive)) and "\n" not in str(caught.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == [archive.name]  # no index left behind
+
+
+def test_a_sparse_map_with_a_damaged_number_is_an_error(tmp_path: Path) -> None:
+    """A pax 1.0 sparse map (decimal lines at the start of the member's data) with a newline
+    turned into a NUL: GNU tar reports an overflow; we a one-line error (it was a ValueError
+    traceback) and no index."""
+    folder = tmp_path / "src"
+    folder.mkdir()
+    with open(folder / "s.bin", "wb") as f:
+        f.truncate(2 << 20)
+        f.seek(1 << 20)
+        f.write(b"data" * 100)
+    archive = tmp_path / "sparse.tar"
+    subprocess.run(
+        ["tar", "--sparse", "--sparse-version=1.0", "--format=posix", "-cf", str(archive), "-C", str(folder), "s.bin"],
+        check=True,
+    )
+    raw = bytearray(archive.read_bytes())
+    start = raw.index(b"2\n1048576\n")  # the map: 2 extents, their offsets and sizes
+    raw[start + len(b"2\n1048576\n4096")] = 0
+    archive.write_bytes(bytes(raw))
+    assert subprocess.run(["tar", "-tf", str(archive)], capture_output=True).returncode == 2
+    with pytest.raises(CorruptHeaderError, match="invalid sparse map") as caught:
+        ratarmountcore.open(str(archive), FRESH)
+    assert str(caught.value).startswith(str(archive))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sparse.tar", "src"]  # no index left behind

@@ -656,21 +656,30 @@ class TarScanner:
         return sparse, real_size, data_offset, raw_name
 
     def _read_sparse_map_1_0(self, data_offset: int, stored_size: int, pos: int) -> Tuple[Extents, int]:
-        chunk = self._read_exact(data_offset, min(stored_size, BLOCK), "a sparse map")
+        chunk = bytearray(self._read_exact(data_offset, min(stored_size, BLOCK), "a sparse map"))
+        first, complete, _ = bytes(chunk).partition(b"\n")
+        try:
+            count = int(first)
+            if not complete or count < 0:
+                raise ValueError(first)
+        except ValueError:
+            raise CorruptHeaderError(f"invalid sparse map for member at offset {pos}") from None
+        # Blocks until the map's 2 * count + 1 lines are complete, the newlines counted as they
+        # come (a map of many extents spans thousands of blocks: no split of all of it per block).
+        newlines = chunk.count(b"\n")
         blocks = 1
-        while True:
-            lines = chunk.split(b"\n")
-            try:
-                count = int(lines[0])
-            except ValueError:
-                raise CorruptHeaderError(f"invalid sparse map for member at offset {pos}") from None
-            if len(lines) - 1 >= 2 * count + 1 or blocks * BLOCK >= stored_size:
-                break
-            chunk += self._read_exact(data_offset + blocks * BLOCK, BLOCK, "a sparse map")
+        while newlines < 2 * count + 1 and blocks * BLOCK < stored_size:
+            block = self._read_exact(data_offset + blocks * BLOCK, BLOCK, "a sparse map")
+            chunk += block
+            newlines += block.count(b"\n")
             blocks += 1
-        if len(lines) - 1 < 2 * count:
+        if newlines < 2 * count:
             raise CorruptHeaderError(f"truncated sparse map for member at offset {pos}")
-        values = [int(v) for v in lines[1 : 1 + 2 * count]]
+        lines = bytes(chunk).split(b"\n", 2 * count + 1)
+        try:
+            values = [int(v) for v in lines[1 : 1 + 2 * count]]
+        except ValueError:
+            raise CorruptHeaderError(f"invalid sparse map for member at offset {pos}") from None
         map_len = len(b"\n".join(lines[: 1 + 2 * count])) + 1
         map_bytes = ((map_len + BLOCK - 1) // BLOCK) * BLOCK
         return list(zip(values[0::2], values[1::2])), map_bytes
