@@ -4,6 +4,7 @@ what GNU tar reads, and a field GNU tar rejects must not be read as some other n
 from __future__ import annotations
 
 import gzip
+import io
 import subprocess
 import tarfile
 from pathlib import Path
@@ -154,3 +155,56 @@ def test_a_sparse_map_with_a_damaged_number_is_an_error(tmp_path: Path) -> None:
         ratarmountcore.open(str(archive), FRESH)
     assert str(caught.value).startswith(str(archive))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sparse.tar", "src"]  # no index left behind
+
+
+_SPARSE_01 = {"GNU.sparse.major": "0", "GNU.sparse.minor": "1", "GNU.sparse.name": "sp", "GNU.sparse.size": "100"}
+_SPARSE_00 = {"GNU.sparse.size": "100", "GNU.sparse.offset": "0", "GNU.sparse.numbytes": "100"}
+
+
+@pytest.mark.parametrize(
+    ("pax", "data", "error"),
+    [
+        ({**_SPARSE_01, "GNU.sparse.map": "0,x"}, b"x" * 100, "invalid sparse map"),
+        ({**_SPARSE_00, "GNU.sparse.offset": "abc"}, b"x" * 100, "invalid sparse map"),
+        ({**_SPARSE_01, "GNU.sparse.map": f"{2**63},100"}, b"x" * 100, "out of range"),
+        ({**_SPARSE_00, "GNU.sparse.size": "-1"}, b"x" * 100, "out of range"),
+        (
+            {
+                "GNU.sparse.major": "1",
+                "GNU.sparse.minor": "0",
+                "GNU.sparse.name": "sp",
+                "GNU.sparse.realsize": str(2**64),
+            },
+            b"1\n0\n100\n".ljust(BLOCK, b"\0") + b"x" * 100,
+            "out of range",
+        ),
+        ({**_SPARSE_01, "GNU.sparse.map": "0,30000"}, b"x" * 100, "the member stores 100"),
+    ],
+)
+def test_sparse_numbers_out_of_range_are_errors(tmp_path: Path, pax: dict, data: bytes, error: str) -> None:  # type: ignore[type-arg]
+    """Sparse headers whose numbers are not numbers, do not fit ``off_t``, or whose map needs
+    more data than the member stores (GNU tar reports each as malformed): a one-line error and
+    no index. They were ValueError or OverflowError tracebacks, a negative size, or reads that
+    took the bytes of the next members."""
+    archive = tmp_path / "sparse.tar"
+    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("GNUSparseFile.0/sp")
+        info.pax_headers = pax
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+        tar.addfile(tarfile.TarInfo("after"), io.BytesIO(b""))
+    assert subprocess.run(["tar", "-xf", str(archive), "-C", str(tmp_path), "-O"], capture_output=True).returncode != 0
+    with pytest.raises(CorruptHeaderError, match=error) as caught:
+        ratarmountcore.open(str(archive), FRESH)
+    assert str(caught.value).startswith(str(archive)) and "\n" not in str(caught.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sparse.tar"]
+
+
+def test_a_member_size_beyond_off_t_is_an_error(tmp_path: Path) -> None:
+    header = bytearray(tarfile.TarInfo("f").tobuf(tarfile.GNU_FORMAT))
+    header[124:136] = b"\x80\x00\x00" + (2**64).to_bytes(9, "big")  # base-256
+    archive = tmp_path / "huge.tar"
+    archive.write_bytes(_checksummed(header) + b"a".ljust(BLOCK, b"\0") + bytes(2 * BLOCK))
+    with pytest.raises(CorruptHeaderError, match="out of range"):
+        ratarmountcore.open(str(archive), FRESH)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["huge.tar"]

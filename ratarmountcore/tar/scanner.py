@@ -18,7 +18,7 @@ import re
 import stat
 import struct
 from dataclasses import dataclass
-from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import BinaryIO, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 from zlib import adler32
 
 from ..errors import CorruptHeaderError, EmptyArchiveError, TruncatedArchiveError, UnsupportedFormatError
@@ -116,6 +116,25 @@ def normalize_path(name: str) -> str:
     if path.startswith("//"):
         path = "/" + path.lstrip("/")
     return path
+
+
+def _check_sparse(extents: Extents, real_size: int, stored: int, name: str, pos: int) -> None:
+    """A sparse member's numbers as GNU tar accepts them (each within ``off_t``), and a map whose
+    data the member stores (``stored`` bytes): else its reads would take the bytes of the
+    members after it."""
+    if not 0 <= real_size <= _SIZE_MAX:
+        raise CorruptHeaderError(f"sparse member {name} at offset {pos}: size {real_size} is out of range")
+    total = 0
+    for offset, length in extents:
+        if not (0 <= offset <= _SIZE_MAX and 0 <= length <= _SIZE_MAX - offset):
+            raise CorruptHeaderError(
+                f"sparse member {name} at offset {pos}: extent ({offset}, {length}) is out of range"
+            )
+        total += length
+    if total > stored:
+        raise CorruptHeaderError(
+            f"sparse member {name} at offset {pos}: its map holds {total} bytes of data, the member stores {stored}"
+        )
 
 
 def decode_name(raw: bytes) -> str:
@@ -385,6 +404,8 @@ class TarScanner:
             size = parse_number(block[124:136], "size", pos)
             if size < 0:
                 raise CorruptHeaderError(f"negative member size in tar header at offset {pos}")
+            if size > _SIZE_MAX:
+                raise CorruptHeaderError(f"member size {size} in tar header at offset {pos} is out of range")
             data_start = pos + BLOCK
             data_end_padded = data_start + ((size + BLOCK - 1) // BLOCK) * BLOCK
             if header_start is None:
@@ -595,6 +616,8 @@ class TarScanner:
         data_end = (data_offset if typeflag == b"S" else pos + BLOCK) + stored_size
 
         name = decode_name(raw_name)
+        if sparse is not None:
+            _check_sparse(sparse, real_size, data_end - data_offset, name, pos)
         link = decode_name(raw_link)
         if kind == KIND_HARDLINK:
             link = normalize_path(link)
@@ -643,14 +666,21 @@ class TarScanner:
             real_size = number("GNU.sparse.realsize") or 0
             sparse, map_bytes = self._read_sparse_map_1_0(data_offset, stored_size, pos)
             return sparse, real_size, data_offset + map_bytes, raw_name
+
+        def numbers(values: Iterable[bytes]) -> List[int]:
+            try:
+                return [int(v) for v in values]
+            except ValueError:
+                raise CorruptHeaderError(f"invalid sparse map for member at offset {pos}") from None
+
         if "GNU.sparse.map" in pax:  # 0.1
-            values = [int(v) for v in pax["GNU.sparse.map"].decode().split(",") if v]
+            values = numbers(v for v in pax["GNU.sparse.map"].split(b",") if v)
             sparse = list(zip(values[0::2], values[1::2]))
             real_size = number("GNU.sparse.size") or number("GNU.sparse.realsize") or 0
             return sparse, real_size, data_offset, raw_name
-        offsets = [int(v) for k, v in local_pax if k == "GNU.sparse.offset"]
+        offsets = numbers(v for k, v in local_pax if k == "GNU.sparse.offset")
         if offsets:  # 0.0: repeated offset/numbytes records
-            lengths = [int(v) for k, v in local_pax if k == "GNU.sparse.numbytes"]
+            lengths = numbers(v for k, v in local_pax if k == "GNU.sparse.numbytes")
             sparse = list(zip(offsets, lengths))
             real_size = number("GNU.sparse.size") or 0
         return sparse, real_size, data_offset, raw_name
