@@ -25,6 +25,7 @@ from tarcompare import (
     check_archive_against_tar,
     compare_trees,
     gnu_tar_create,
+    implicit_dirs_of,
     snapshot_dir,
     snapshot_source,
     tar_extract,
@@ -823,6 +824,27 @@ def test_hard_links_through_linked_folders(tmp_path: Path) -> None:
         compare_trees(expected, snapshot_source(s), check_root=False, label="through links")
         assert s.read("/h1") == s.read("/h3") == b"in real" and s.info("/real/f").nlink == 3
         assert s.info("/h1").uid == 7 and s.read("/h2") == b"deeper" and s.read("/h4") == b"beside"
+
+
+def test_members_tar_cannot_make_leave_what_was_there(tmp_path: Path) -> None:
+    """A symbolic link with an empty target (symlink(2) refuses it) and a regular file named
+    "/" (its slash is not a trailing one, so it is not a folder member, and it cannot replace
+    the extraction folder): tar -x reports both and leaves what was there."""
+    archive = tmp_path / "cannot.tar"
+    with tarfile.open(archive, "w", format=tarfile.GNU_FORMAT) as tar:
+        _add(tar, "l", b"older")
+        _add(tar, "l", type=tarfile.SYMTYPE, linkname="")
+        _add(tar, "d/empty", type=tarfile.SYMTYPE, linkname="")  # (tar makes d for it)
+        _add(tar, "/", b"", mode=0o700, uid=5, gid=6)
+    dest = tmp_path / "x"
+    result = tar_extract(archive, dest, check=False)
+    assert result.returncode == 2 and b"Cannot create symlink" in result.stderr
+    expected = snapshot_dir(dest)
+    with ratarmountcore.open(str(archive), FRESH) as s:
+        got = snapshot_source(s)
+        compare_trees(expected, got, implicit_dirs_of(archive, expected), check_root=False, label="cannot")
+        assert s.read("/l") == b"older" and s.listdir("/d") == []
+        assert stat.S_IMODE(s.info("/").mode) != 0o700 and s.info("/").uid != 5
 
 
 def test_all_zero_archive(tmp_path: Path) -> None:

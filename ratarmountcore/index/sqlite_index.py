@@ -249,6 +249,10 @@ class IndexWriter:
                 while parent_str != "/" and parent_str not in self._ancestors:
                     self._ancestors.add(parent_str)
                     parent_str = parent_str.rpartition("/")[0] or "/"
+        if kind == KIND_SYMLINK and not record.linkname:
+            # symlink(2) refuses an empty target: tar -x reports it and leaves what was there.
+            logger.warning("Ignoring the symbolic link %r: its target is empty", path)
+            return row_id
         if kind == KIND_DIR:
             self._explicit_dirs.add(path)
         mtime_ns = record.mtime_ns

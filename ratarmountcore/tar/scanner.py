@@ -353,7 +353,7 @@ class TarScanner:
                         if magic == b"ustar\0" and prefix[0] != 0:
                             raw_name = prefix.partition(b"\0")[0] + b"/" + raw_name
                         kind = _TYPEFLAG_KIND[typeflag]
-                        if kind == KIND_FILE and raw_name.endswith(b"/"):
+                        if kind == KIND_FILE and raw_name.endswith(b"/") and raw_name != b"/":
                             kind = KIND_DIR
                         name = raw_name.decode("utf-8", "surrogateescape")
                         if name and name[0] not in "./" and "//" not in name and "/." not in name and name[-1] != "/":
@@ -464,7 +464,7 @@ class TarScanner:
             end = prefix.find(b"\0")
             raw_name = (prefix if end < 0 else prefix[:end]) + b"/" + raw_name
         kind = _TYPEFLAG_KIND[typeflag]
-        if kind == KIND_FILE and raw_name.endswith(b"/"):
+        if kind == KIND_FILE and raw_name.endswith(b"/") and raw_name != b"/":
             kind = KIND_DIR
         link = ""
         if kind == KIND_SYMLINK or kind == KIND_HARDLINK:
@@ -603,9 +603,11 @@ class TarScanner:
                     local_pax or [], pax, number, sparse, real_size, data_offset, stored_size, raw_name, pos
                 )
 
-        if typeflag in (b"0", b"\0", b"7") and raw_name.endswith(b"/"):
+        if typeflag in (b"0", b"\0", b"7") and raw_name.endswith(b"/") and raw_name != b"/":
             # GNU tar (like BSD tar and v7) extracts a "regular file" whose final name -- after
             # long-name and pax overrides -- ends in a slash as a directory, in every format.
+            # Not one named "/" alone: its slash is not a trailing one (gnulib's
+            # strip_trailing_slashes keeps it), and the file cannot replace the root.
             kind = KIND_DIR
         if kind in (KIND_DIR, KIND_SYMLINK, KIND_HARDLINK, KIND_CHAR, KIND_BLOCK, KIND_FIFO):
             real_size = 0 if kind != KIND_SYMLINK else len(raw_link)
