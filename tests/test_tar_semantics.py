@@ -782,6 +782,23 @@ def test_hard_links_follow_extraction_order(tmp_path: Path) -> None:
         assert stat.S_IMODE(s.info("/s644").mode) == 0o777
 
 
+def test_hard_links_to_hard_links_without_conflicts(tmp_path: Path) -> None:
+    """Links to links in an archive whose links all name an earlier member (the common case,
+    resolved by name without a replay): each has the first target's data and inode."""
+    archive = tmp_path / "chain.tar"
+    with tarfile.open(archive, "w", format=tarfile.GNU_FORMAT) as tar:
+        _add(tar, "f", b"data of f", mode=0o600)
+        _add(tar, "h1", type=tarfile.LNKTYPE, linkname="f")
+        _add(tar, "h2", type=tarfile.LNKTYPE, linkname="h1")
+        _add(tar, "s", type=tarfile.SYMTYPE, linkname="f")
+        _add(tar, "hs", type=tarfile.LNKTYPE, linkname="s")
+        _add(tar, "hhs", type=tarfile.LNKTYPE, linkname="hs")
+    expected = check_archive_against_tar(archive, tmp_path)
+    with ratarmountcore.open(str(archive), FRESH) as s:
+        assert s.read("/h2") == b"data of f" and s.info("/h2").nlink == 3 == expected["/f"].nlink
+        assert s.readlink("/hhs") == "f" and s.info("/hhs").ino == s.info("/s").ino
+
+
 def test_hard_links_through_linked_folders(tmp_path: Path) -> None:
     """A hard link's target path may pass through a symbolic link to a folder: ``tar -x`` makes
     the link with ``linkat``, which follows it. GNU tar makes links that are absolute or hold

@@ -13,21 +13,46 @@ query. When a path is a folder in one member and a file, link or device in anoth
   except the folder of an archive inside the archive (``-r``), which is replaced with all it
   holds, as a later member of the same name replaces any other.
 
+Hard links are made as ``tar -x`` makes them, with ``linkat`` on the tree as it is at that
+point: the target is the member in place there (a symbolic link to a folder on the way is
+followed when it is in place and GNU tar made it at once: relative, without ``..``); a link to a
+missing target, or one below something that is not a folder, fails and changes nothing but the
+folders made for its name; a link to a folder fails after tar removed what had the link's name
+(the kernel checks the new name first: EEXIST, tar removes it and tries again: EPERM).
+
 The replay needs only each member's id (archive order), parent, name, whether it is a folder
-(and an archive's), and only runs for archives that have such a conflict.
+(and an archive's) and the targets of links, and only runs for archives that have such a
+conflict.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Set, Tuple
+import posixpath
+from typing import Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
 from .paths import ROOT, join_path, parent_and_name
 
+#: Symbolic links followed on the way to a hard link's target (the kernel's limit, ELOOP).
+MAX_LINK_HOPS = 40
+
+#: (id, parent, name, is a folder, is an archive's folder, a symbolic link's target or None, a
+#: hard link's target path or None)
+Row = Tuple[int, bytes, bytes, bool, bool, Optional[bytes], Optional[bytes]]
+
+
+class Replayed(NamedTuple):
+    #: The ids of the members in place at the end.
+    kept: Set[int]
+    #: The paths of the folders made for members below them (no member of their own).
+    made: List[bytes]
+    #: Hard links made: link id -> id of the member whose data it has (never itself a link).
+    links: Dict[int, int]
+
 
 class _Node:
-    __slots__ = ("is_dir", "row", "children", "archive")
+    __slots__ = ("is_dir", "row", "children", "archive", "symlink")
 
-    def __init__(self, is_dir: bool, row: int, archive: bool = False) -> None:
+    def __init__(self, is_dir: bool, row: int, archive: bool = False, symlink: Optional[bytes] = None) -> None:
         self.is_dir = is_dir
         #: The member in place (0: a folder made for the members below it).
         self.row = row
@@ -35,38 +60,97 @@ class _Node:
         self.children = 0
         #: Whether it is the folder of an archive inside the archive.
         self.archive = archive
+        #: A symbolic link's target.
+        self.symlink = symlink
 
 
-def replay(rows: Iterable[Tuple[int, bytes, bytes, bool, bool]]) -> Tuple[Set[int], List[bytes]]:
-    """``rows``: (id, parent, name, is a folder, is an archive's folder) of every member in
-    archive order; the archive's own "./" member has parent and name ``b""``. Returns the ids
-    of the members in place at the end, and the paths of the folders made for members below
-    them (no member of their own)."""
+def replay(rows: Iterable[Row]) -> Replayed:
+    """``rows``: every member in archive order (``Row``); the archive's own "./" member has
+    parent and name ``b""``."""
     tree: Dict[bytes, _Node] = {ROOT: _Node(True, 0)}
-    for row, parent, name, is_dir, archive in rows:
+    links: Dict[int, int] = {}
+    for row, parent, name, is_dir, archive, symlink, hardlink in rows:
         if not name:  # the root itself: a folder, always there
             tree[ROOT].row = row
             continue
+        target = None
+        if hardlink is not None:
+            target, missing = _find(tree, hardlink)
+            if target is None:  # (the kernel looks at the target before the new name)
+                if missing:  # ENOENT: tar makes the folders of the new name and tries again
+                    _make_parents(tree, parent)
+                continue
         if not _make_parents(tree, parent):
             continue
         path = join_path(parent, name)
         node = tree.get(path)
+        replaceable = node is not None and (not node.is_dir or not node.children or node.archive)
+        if target is not None:
+            if node is not None and links.get(node.row, node.row) == links.get(target.row, target.row):
+                continue  # EEXIST, but the name is the target already: tar takes that as made
+            if target.is_dir:
+                if node is not None and replaceable:  # removed (EEXIST), then EPERM
+                    _remove(tree, path, node)
+                continue
+            links[row] = links.get(target.row, target.row)
         if node is None:
-            tree[path] = _Node(is_dir, row, archive)
+            tree[path] = _Node(is_dir, row, archive, symlink)
             tree[parent].children += 1
-        elif is_dir or not node.is_dir or not node.children or node.archive:
+        elif is_dir or replaceable:
             if not is_dir and node.children:  # an archive's folder, and all it holds
-                below = path + b"/"
-                for inner in [key for key in tree if key.startswith(below)]:
-                    del tree[inner]
+                _remove_below(tree, path)
                 node.children = 0
             node.is_dir = is_dir
             node.row = row
             node.archive = archive
+            node.symlink = symlink
             # (A folder replaced by a folder keeps its entries.)
     kept = {node.row for node in tree.values() if node.row}
     made = [path for path, node in tree.items() if not node.row and path != ROOT]
-    return kept, made
+    return Replayed(kept, made, links)
+
+
+def _remove_below(tree: Dict[bytes, _Node], path: bytes) -> None:
+    below = path + b"/"
+    for inner in [key for key in tree if key.startswith(below)]:
+        del tree[inner]
+
+
+def _remove(tree: Dict[bytes, _Node], path: bytes, node: _Node) -> None:
+    if node.children:  # (an archive's folder)
+        _remove_below(tree, path)
+    del tree[path]
+    tree[parent_and_name(path)[0]].children -= 1
+
+
+def _find(tree: Dict[bytes, _Node], path: bytes) -> Tuple[Optional[_Node], bool]:
+    """The node at ``path`` as ``linkat`` resolves it: symbolic links to folders on the way are
+    followed when GNU tar made them at once (relative, without ``..``; others are placeholder
+    files until the end of the extraction). (None, True) when a name on the way is missing
+    (ENOENT), (None, False) when one is not a folder (ENOTDIR) or on a loop (ELOOP)."""
+    parts = [part for part in path.split(b"/") if part]
+    current = ROOT
+    index = hops = 0
+    while index < len(parts):
+        child = join_path(current, parts[index])
+        node = tree.get(child)
+        if node is None:
+            return None, True
+        if index == len(parts) - 1:
+            return node, False
+        if node.symlink is not None:
+            target = node.symlink
+            hops += 1
+            if not target or target.startswith(b"/") or b".." in target.split(b"/") or hops > MAX_LINK_HOPS:
+                return None, False
+            resolved = posixpath.normpath(join_path(current, target))
+            parts = [part for part in resolved.split(b"/") if part] + parts[index + 1 :]
+            current, index = ROOT, 0
+            continue
+        if not node.is_dir:
+            return None, False
+        current, index = child, index + 1
+    return tree[ROOT], False
 
 
 def _make_parents(tree: Dict[bytes, _Node], parent: bytes) -> bool:

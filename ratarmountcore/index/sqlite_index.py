@@ -19,7 +19,7 @@ import weakref
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..errors import InvalidIndexError, StaleIndexError
-from ..tar.scanner import KIND_DIR, KIND_HARDLINK, KIND_SYMLINK, MemberRecord, normalize_path
+from ..tar.scanner import KIND_DIR, KIND_HARDLINK, KIND_SYMLINK, MemberRecord
 from . import dirents, extraction_order
 from .fingerprint import ArchiveStats
 from .paths import join_path, parent_and_name
@@ -125,10 +125,6 @@ def split_path(path: str) -> Tuple[bytes, bytes]:
 
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-
-#: Symbolic links followed on the way to a hard link's target before giving up (the kernel's
-#: limit, ELOOP).
-_MAX_LINK_HOPS = 40
 
 
 def encode_big_int(value: int) -> bytes:
@@ -365,10 +361,6 @@ class IndexWriter:
             if statement.strip():
                 conn.execute(statement)
         implicit = self._implicit_dirs()  # (None: one of them is a file, link or device)
-        if self._has_hardlinks:
-            # Before marking overwritten rows: a link that tar cannot create is dropped, and the
-            # older member of the same name stays visible (as it does on disk after tar -x).
-            self._resolve_hardlinks()
         # Any path twice (members appended again)? Asked of the index rather than remembered
         # during the scan: a set of every path costs ~100 bytes a member of peak memory, the
         # query a few milliseconds per 100,000 rows. A path that is a folder in one member and
@@ -379,10 +371,11 @@ class IndexWriter:
                 "SELECT MIN(kind = 'd') = MAX(kind = 'd') FROM files GROUP BY parent, name HAVING COUNT(*) > 1 "
                 "ORDER BY 1 LIMIT 1"
             ).fetchone()  # (sorted: a conflict first)
-        if implicit is None or (duplicates is not None and not duplicates[0]):
-            self._replay_extraction(implicit_dir_mtime_ns, implicit_uid, implicit_gid)
+        conflicts = implicit is None or (duplicates is not None and not duplicates[0])
+        if conflicts or (self._has_hardlinks and not self._resolve_hardlinks()):
+            self._replay_extraction(conflicts, implicit_dir_mtime_ns, implicit_uid, implicit_gid)  # (hard links too)
         else:
-            self._insert_implicit_dirs(implicit, implicit_dir_mtime_ns, implicit_uid, implicit_gid)
+            self._insert_implicit_dirs(implicit or [], implicit_dir_mtime_ns, implicit_uid, implicit_gid)
             if duplicates is not None:  # else every row is the latest one
                 self._mark_overwritten()
         if self._has_hardlinks:
@@ -444,21 +437,44 @@ class IndexWriter:
             rows,
         )
 
-    def _replay_extraction(self, mtime_ns: int, uid: int, gid: int) -> None:
-        """Folders and other members share a name: mark what ``tar -x`` leaves in place as the
-        latest rows, and make the folders it would make (``extraction_order.py``)."""
+    def _replay_extraction(self, conflicts: bool, mtime_ns: int, uid: int, gid: int) -> None:
+        """Folders and other members share a name (``conflicts``), or a hard link is not simply
+        a copy of an earlier member: mark what ``tar -x`` leaves in place as the latest rows, make
+        the folders it would make, and give hard links their targets' data, or leave them out
+        (``extraction_order.py``)."""
         conn = self._conn
-        logger.warning(
-            "%s: some names are folders in one member and files, links or devices in another; "
-            "showing what tar -x leaves in place",
-            self._meta.get("archive_path", "the archive"),
-        )
-        rows = conn.execute("SELECT id, parent, name, kind = 'd' FROM files ORDER BY id")
+        if conflicts:
+            logger.warning(
+                "%s: some names are folders in one member and files, links or devices in another; "
+                "showing what tar -x leaves in place",
+                self._meta.get("archive_path", "the archive"),
+            )
+        rows = conn.execute("SELECT id, parent, name, kind, is_hardlink, linkname FROM files ORDER BY id")
         archives = self._archive_folders
-        kept, made = extraction_order.replay((i, parent, name, bool(d), i in archives) for i, parent, name, d in rows)
+        replayed = extraction_order.replay(
+            (
+                i, parent, name, kind == KIND_DIR, i in archives,
+                linkname if kind == KIND_SYMLINK else None, linkname if is_hardlink else None,
+            )
+            for i, parent, name, kind, is_hardlink, linkname in rows
+        )  # fmt: skip
+        if self._has_hardlinks:
+            failed = []
+            for row_id, parent, name, linkname in conn.execute(
+                "SELECT id, parent, name, linkname FROM files WHERE is_hardlink = 1"
+            ).fetchall():
+                if row_id not in replayed.links:
+                    logger.warning(
+                        "Hard link %s to %s cannot be made where tar -x makes it; leaving it out",
+                        join_path(parent, name).decode("utf-8", "backslashreplace"),
+                        linkname.decode("utf-8", "backslashreplace"),
+                    )
+                    failed.append((row_id,))
+            conn.executemany("DELETE FROM files WHERE id = ?", failed)
+            self._copy_targets(replayed.links.items())
         conn.execute("UPDATE files SET latest = 0")
-        conn.executemany("UPDATE files SET latest = 1 WHERE id = ?", ((row_id,) for row_id in sorted(kept)))
-        self._insert_implicit_dirs(map(parent_and_name, made), mtime_ns, uid, gid)
+        conn.executemany("UPDATE files SET latest = 1 WHERE id = ?", ((row_id,) for row_id in sorted(replayed.kept)))
+        self._insert_implicit_dirs(map(parent_and_name, replayed.made), mtime_ns, uid, gid)
 
     def _mark_overwritten(self) -> None:
         self._conn.execute(
@@ -468,62 +484,41 @@ class IndexWriter:
             " ) d ON f.parent = d.parent AND f.name = d.name AND f.id < d.newest)"
         )
 
-    def _resolve_hardlinks(self) -> None:
-        """Give each hard link its target's data, metadata and inode (as GNU tar extracts them:
-        the target is the newest member of that name *before* the link)."""
+    def _copy_targets(self, links: Iterable[Tuple[int, int]]) -> None:
+        """Give each hard link (link id, target id) its target's data, metadata and inode."""
+        self._conn.executemany(
+            "UPDATE files SET (kind, mode, size, mtime_ns, uid, gid, ino, linkname, offset_data, sparse, rdev) = "
+            "(SELECT kind, mode, size, mtime_ns, uid, gid, ino, linkname, offset_data, sparse, rdev "
+            "FROM files WHERE id = ?) WHERE id = ?",
+            ((target, link) for link, target in links),
+        )
+
+    def _resolve_hardlinks(self) -> bool:
+        """Give each hard link its target's data, metadata and inode, in an archive whose names
+        keep one type: the target is the newest member of that name *before* the link, as GNU
+        tar extracts it. False, with nothing changed, when a link's target is not such a member
+        or is a folder: then only a replay of the extraction tells what tar makes of it."""
         conn = self._conn
-        links = conn.execute(
-            "SELECT id, parent, name, linkname FROM files WHERE is_hardlink = 1 ORDER BY id"
-        ).fetchall()
+        links = conn.execute("SELECT id, linkname FROM files WHERE is_hardlink = 1 ORDER BY id").fetchall()
         query = (
-            "SELECT kind, mode, size, mtime_ns, uid, gid, ino, linkname, offset_data, sparse, rdev "
+            "SELECT id, kind, mode, size, mtime_ns, uid, gid, ino, linkname, offset_data, sparse, rdev "
             "FROM files WHERE parent = ? AND name = ? AND id < ? ORDER BY id DESC LIMIT 1"
         )
-        for row_id, parent, name, linkname in links:
-            path = linkname.decode("utf-8", "surrogateescape")
-            target = conn.execute(query, (*split_path(path), row_id)).fetchone()
-            if target is None:
-                through = self._through_folder_links(path, row_id)
-                if through is not None:
-                    target = conn.execute(query, (*split_path(through), row_id)).fetchone()
-            if target is None or target[0] == KIND_DIR:
-                logger.warning(
-                    "Hard link %s points to %s, which is not a file in the archive before it; leaving it out",
-                    join_path(parent, name).decode("utf-8", "backslashreplace"),
-                    path,
-                )
-                conn.execute("DELETE FROM files WHERE id = ?", (row_id,))
-                continue
-            conn.execute(
-                "UPDATE files SET kind=?, mode=?, size=?, mtime_ns=?, uid=?, gid=?, ino=?, linkname=?, "
-                "offset_data=?, sparse=?, rdev=? WHERE id = ?",
-                (*target, row_id),
-            )
-
-    def _through_folder_links(self, path: str, before: int) -> Optional[str]:
-        """``path`` with its folders that are symbolic links replaced by their targets, as the
-        kernel resolves a hard link's target when ``tar -x`` makes the link (``dir/f`` where
-        ``dir`` links to ``real``); None when a link on the way is one GNU tar makes only at the
-        end of the extraction (absolute or with ``..``), or on a loop."""
-        query = "SELECT kind, linkname FROM files WHERE parent = ? AND name = ? AND id < ? ORDER BY id DESC LIMIT 1"
-        parts = path.strip("/").split("/")
-        followed = False
-        index = 0
-        for _ in range(_MAX_LINK_HOPS + len(parts)):
-            if index >= len(parts) - 1:
-                return "/" + "/".join(parts) if followed else None
-            folder = "/" + "/".join(parts[:index])
-            row = self._conn.execute(query, (encode(folder), encode(parts[index]), before)).fetchone()
-            if row is None or row[0] != KIND_SYMLINK:
-                index += 1
-                continue
-            target = row[1].decode("utf-8", "surrogateescape")
-            if not target or target.startswith("/") or ".." in target.split("/"):
-                return None  # GNU tar puts a placeholder file there until the end
-            inside = normalize_path(posixpath.join(folder, target)).strip("/")
-            parts = (inside.split("/") if inside else []) + parts[index + 1 :]
-            followed = True
-        return None
+        resolved: Dict[int, Tuple[Any, ...]] = {}
+        for row_id, linkname in links:
+            row = conn.execute(query, (*split_path(linkname.decode("utf-8", "surrogateescape")), row_id)).fetchone()
+            if row is None:
+                return False
+            target = resolved.get(row[0], row[1:])  # (a link to an earlier link: that link's target)
+            if target[0] == KIND_DIR:
+                return False
+            resolved[row_id] = target
+        conn.executemany(
+            "UPDATE files SET kind=?, mode=?, size=?, mtime_ns=?, uid=?, gid=?, ino=?, linkname=?, "
+            "offset_data=?, sparse=?, rdev=? WHERE id = ?",
+            ((*target, row_id) for row_id, target in resolved.items()),
+        )
+        return True
 
     def _count_hardlinks(self) -> None:
         conn = self._conn
