@@ -198,3 +198,15 @@ def test_a_member_named_like_a_versions_folder_is_that_member(tmp_path: Path) ->
         assert src.read("/x.versions") == b"real" and src.read("/x") == b"two"
         assert not src.exists("/x.versions/1") and not src.exists("/x.versions/2")
         assert src.read("/y.versions/1") == b"1" and src.read("/y") == b"2"
+
+
+def test_versions_are_the_members_of_a_name(tmp_path: Path) -> None:
+    """``b.versions`` lists the members named b: a file b that could not replace the folder tar
+    made for ``b/c`` is version 1, and the made folder (no member) is none of them."""
+    archive = tmp_path / "made.tar"
+    _write(archive, [("b/c", "f"), ("b", "f"), ("d/", "d"), ("d", "f")])
+    with ratarmountcore.open(str(archive), FRESH) as src:
+        assert src.info("/b").is_dir and src.listdir("/b.versions") == ["1"]
+        assert src.read("/b.versions/1") == b"b#1" and not src.exists("/b.versions/2")
+        assert src.listdir("/d.versions") == ["1", "2"] and src.read("/d.versions/2") == b"d#3"
+        assert not src.exists("/x.versions")

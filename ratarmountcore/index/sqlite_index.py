@@ -624,8 +624,11 @@ class IndexReader:
         return self._query(f"SELECT {ROW_COLUMNS} FROM files WHERE id = ?", (row_id,), one=True)  # type: ignore[no-any-return]
 
     def versions(self, parent: bytes, name: bytes) -> List[Row]:
+        """The members named ``parent``/``name``, oldest first (not a folder tar made for the
+        members below it: no member, and made before the members the replay numbers it after)."""
         return self._query(  # type: ignore[no-any-return]
-            f"SELECT {ROW_COLUMNS} FROM files WHERE parent = ? AND name = ? ORDER BY id", (parent, name)
+            f"SELECT {ROW_COLUMNS} FROM files WHERE parent = ? AND name = ? AND offset_header != ? ORDER BY id",
+            (parent, name, IMPLICIT),
         )
 
     def list(self, parent: bytes, limit: int = -1) -> List[Row]:
