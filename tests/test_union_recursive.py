@@ -162,6 +162,26 @@ def test_recursive_compressed_inner_archives(tmp_path: Path, tool: str, suffix: 
             assert src.read("/train/notes.txt.gz") == outer["train/notes.txt.gz"]
 
 
+@pytest.mark.parametrize("tool,suffix", [("gzip", "tar.gz"), ("bzip2", "tar.bz2"), ("xz", "tar.xz")])
+def test_a_damaged_compressed_inner_archive_is_shown_as_the_file_it_is(tmp_path: Path, tool: str, suffix: str) -> None:
+    """A compressed inner archive whose data fails its checks (a CRC at the stream's end, after
+    members were read) is shown as the file it is, with the outer archive around it; it made
+    the whole outer archive fail to open. A compressed member whose data starts with a block of
+    zeros (a disk image) is not an empty archive: it stays a file (it was an empty folder)."""
+    inner = compress(tar_bytes({"m.txt": bytes(range(256)) * 400, "n.txt": os.urandom(5000)}), tool)
+    damaged = bytearray(inner)
+    damaged[len(damaged) // 2] ^= 0x10
+    zeros = compress(bytes(64 * 1024) + b"an image", tool)
+    members = {"good.txt": b"good", f"in.{suffix}": bytes(damaged), f"disk.img.{tool}": zeros, "after.txt": b"after"}
+    (tmp_path / "outer.tar").write_bytes(tar_bytes(members))
+    for _mount in range(2):
+        with ratarmountcore.open(str(tmp_path / "outer.tar"), OpenOptions(recursive=True)) as src:
+            assert src.read("/good.txt") == b"good" and src.read("/after.txt") == b"after"
+            assert src.info(f"/in.{suffix}").is_file and src.read(f"/in.{suffix}") == bytes(damaged)
+            assert src.info(f"/disk.img.{tool}").is_file and src.read(f"/disk.img.{tool}") == zeros
+            assert sorted(src.listdir("/")) == sorted(members)
+
+
 def test_recursive_compressed_inner_through_fuse(mounter: Mounter, tmp_path: Path) -> None:
     files = {f"img{i}.JPEG": os.urandom(5000) for i in range(20)}
     (tmp_path / "outer.tar").write_bytes(tar_bytes({"cls.tar.gz": compress(tar_bytes(files), "gzip")}))

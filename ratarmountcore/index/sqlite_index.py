@@ -318,6 +318,22 @@ class IndexWriter:
         self._archive_folders.add(row_id)
         return row_id
 
+    def discard_from(self, row_id: int, path: str) -> None:
+        """Forget the rows from ``row_id`` on: an inner archive's folder ``path`` and what was
+        found in it, with their nested archives and seek points (``<backend>@<row id>``)."""
+        self._flush()
+        conn = self._conn
+        conn.execute("DELETE FROM files WHERE id >= ?", (row_id,))
+        conn.execute("DELETE FROM nested_archives WHERE id >= ?", (row_id,))
+        for (backend,) in conn.execute("SELECT DISTINCT backend FROM seek_points WHERE backend LIKE '%@%'").fetchall():
+            if int(backend.rpartition("@")[2]) >= row_id:
+                conn.execute("DELETE FROM seek_points WHERE backend = ?", (backend,))
+        self._archive_folders = {i for i in self._archive_folders if i < row_id}
+        below = path + "/"
+        self._explicit_dirs = {p for p in self._explicit_dirs if p != path and not p.startswith(below)}
+        self._ancestors = {p for p in self._ancestors if p != path and not p.startswith(below)}
+        self._last_parent = ""
+
     def _flush(self) -> None:
         if self._simple_batch:
             self._conn.executemany(

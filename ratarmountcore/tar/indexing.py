@@ -22,7 +22,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
-from ..errors import ArchiveError, RatarmountError
+from ..errors import ArchiveChangedError, ArchiveError, CorruptDataError, RatarmountError
 from ..formats import COMPRESSIONS, FormatId, sniff_bytes, stripped_tar_name
 from ..index.sqlite_index import IndexWriter
 from ..io.readers import FileWindow, RandomAccessReader, ReaderStream
@@ -191,6 +191,25 @@ def _descend(ctx: _Context, record: MemberRecord, scan: Callable[[], None]) -> N
         logger.warning("%s: inner archive %s is damaged (%s); showing what could be read", ctx.label, record.path, exc)
 
 
+def _descend_compressed(
+    ctx: _Context, record: MemberRecord, scan: Callable[[], None], folder_id: int, source: int
+) -> None:
+    """``_descend`` into a compressed inner archive. Data that fails its checks (a CRC at the
+    stream's end) may have given any member read before wrong bytes: the archive is then shown
+    as the file it is (its stored bytes are right), not as a folder."""
+    try:
+        _descend(ctx, record, scan)
+    except ArchiveChangedError:
+        raise  # the outer archive, not the inner one
+    except CorruptDataError as exc:
+        logger.warning(
+            "%s: inner archive %s has damaged compressed data (%s); shown as a file", ctx.label, record.path, exc
+        )
+        ctx.writer.discard_from(folder_id, _as_folder(record).path)
+        ctx.archives -= 1
+        ctx.writer.add(record, source)
+
+
 def _index_compressed_member(ctx: _Context, record: MemberRecord, fmt: FormatId, depth: int, source: int) -> None:
     if ctx.fd is None or source != 0:
         logger.info("%s: %s is compressed inside a compressed archive; shown as a file", ctx.label, record.path)
@@ -207,7 +226,9 @@ def _index_compressed_member(ctx: _Context, record: MemberRecord, fmt: FormatId,
         return
     try:
         try:
-            is_tar = sniff_bytes(reader.head(BLOCK)) is FormatId.TAR
+            head = reader.head(BLOCK)
+            # (Not all zeros: a compressed disk image, say, starts with them.)
+            is_tar = sniff_bytes(head) is FormatId.TAR and head != b"\0" * BLOCK
         except (RatarmountError, OSError):
             is_tar = False
         if not is_tar:  # e.g. a .csv.gz: keep the member as it is
@@ -224,6 +245,6 @@ def _index_compressed_member(ctx: _Context, record: MemberRecord, fmt: FormatId,
                 _scan(ctx, scan_reader, None, record.path, 0, depth + 1, folder_id)
             reader.export_seek_points(NamespacedSeekPoints(ctx.writer, folder_id))
 
-        _descend(ctx, record, scan)
+        _descend_compressed(ctx, record, scan, folder_id, source)
     finally:
         reader.close()
