@@ -182,6 +182,59 @@ def test_a_damaged_compressed_inner_archive_is_shown_as_the_file_it_is(tmp_path:
             assert sorted(src.listdir("/")) == sorted(members)
 
 
+def _tar_in_order(members: List[tuple]) -> bytes:  # type: ignore[type-arg]
+    """A tar of (name, data) in order, names may repeat; data None: a folder."""
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.mtime = 1_600_000_000
+            if data is None:
+                info.type = tarfile.DIRTYPE
+            else:
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data or b""))
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "members,expected",
+    [
+        # tar -r of an updated inner archive: the newer copy replaces the older with all it held
+        (
+            [
+                ("x.tar", [("old.txt", b"old"), ("both.txt", b"v1")]),
+                ("x.tar", [("both.txt", b"v2"), ("new.txt", b"n")]),
+            ],
+            {"/x.tar/both.txt": b"v2", "/x.tar/new.txt": b"n"},
+        ),
+        # a folder replaces the archive (a file to tar -x) with all it held
+        ([("x.tar", [("old.txt", b"old")]), ("x.tar/", None), ("x.tar/f", b"f")], {"/x.tar/f": b"f"}),
+        # an archive (a file to tar -x) does not replace a folder that holds files
+        ([("sub/", None), ("sub/f", b"f"), ("sub", [("inner.txt", b"i")]), ("z", b"z")], {"/sub/f": b"f", "/z": b"z"}),
+    ],
+)
+def test_an_inner_archive_and_another_member_of_its_name(
+    tmp_path: Path,
+    members: List[tuple],  # type: ignore[type-arg]
+    expected: Dict[str, bytes],
+) -> None:
+    """An inner archive is a file to ``tar -x``: what stays of it and of another member of its
+    name is what stays of a file and that member (the older archive's members were shown too)."""
+    outer = [(name, _tar_in_order(data) if isinstance(data, list) else data) for name, data in members]
+    (tmp_path / "outer.tar").write_bytes(_tar_in_order(outer))
+    with ratarmountcore.open(str(tmp_path / "outer.tar"), OpenOptions(recursive=True)) as src:
+        shown = {
+            f"{folder.rstrip('/')}/{name}": src.read(f"{folder.rstrip('/')}/{name}")
+            for folder, _dirs, files in src.walk("/")
+            for name in files
+        }
+    assert shown == expected
+
+
 def test_recursive_compressed_inner_through_fuse(mounter: Mounter, tmp_path: Path) -> None:
     files = {f"img{i}.JPEG": os.urandom(5000) for i in range(20)}
     (tmp_path / "outer.tar").write_bytes(tar_bytes({"cls.tar.gz": compress(tar_bytes(files), "gzip")}))

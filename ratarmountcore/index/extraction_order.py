@@ -11,7 +11,10 @@ query. When a path is a folder in one member and a file, link or device in anoth
 - a folder replaces a file, link or device of its name;
 - a file, link or device replaces a folder only while the folder is empty ("File exists") --
   except the folder of an archive inside the archive (``-r``), which is replaced with all it
-  holds, as a later member of the same name replaces any other.
+  holds, as a later member of the same name replaces any other;
+- the folder of an archive inside the archive is a file to ``tar -x``: a later folder or archive
+  of its name replaces it with all it holds, and it does not replace a folder that holds
+  entries (its members are then left out: those right after its row, below its path).
 
 Hard links are made as ``tar -x`` makes them, with ``linkat`` on the tree as it is at that
 point: the target is the member in place there (a symbolic link to a folder on the way is
@@ -69,10 +72,16 @@ def replay(rows: Iterable[Row]) -> Replayed:
     parent and name ``b""``."""
     tree: Dict[bytes, _Node] = {ROOT: _Node(True, 0)}
     links: Dict[int, int] = {}
+    refused = b""  # the folder path + "/" of an inner archive tar could not put in place
     for row, parent, name, is_dir, archive, symlink, hardlink in rows:
         if not name:  # the root itself: a folder, always there
             tree[ROOT].row = row
             continue
+        if refused:
+            # (An inner archive's members come right after its folder's row.)
+            if (parent + b"/").startswith(refused):
+                continue
+            refused = b""
         target = None
         if hardlink is not None:
             target, missing = _find(tree, hardlink)
@@ -96,8 +105,11 @@ def replay(rows: Iterable[Row]) -> Replayed:
         if node is None:
             tree[path] = _Node(is_dir, row, archive, symlink)
             tree[parent].children += 1
+        elif archive and not replaceable:  # a file in tar -x: "File exists" over a folder
+            refused = path + b"/"
         elif is_dir or replaceable:
-            if not is_dir and node.children:  # an archive's folder, and all it holds
+            if node.children and (not is_dir or archive or node.archive):
+                # An archive's folder (a file in tar -x) replaced, or replacing, with all it holds.
                 _remove_below(tree, path)
                 node.children = 0
             node.is_dir = is_dir

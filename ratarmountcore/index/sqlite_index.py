@@ -387,7 +387,11 @@ class IndexWriter:
                 "SELECT MIN(kind = 'd') = MAX(kind = 'd') FROM files GROUP BY parent, name HAVING COUNT(*) > 1 "
                 "ORDER BY 1 LIMIT 1"
             ).fetchone()  # (sorted: a conflict first)
-        conflicts = implicit is None or (duplicates is not None and not duplicates[0])
+        conflicts = (
+            implicit is None
+            or (duplicates is not None and not duplicates[0])
+            or (duplicates is not None and self._archive_folder_named_twice())
+        )
         if conflicts or (self._has_hardlinks and not self._resolve_hardlinks()):
             self._replay_extraction(conflicts, implicit_dir_mtime_ns, implicit_uid, implicit_gid)  # (hard links too)
         else:
@@ -452,6 +456,17 @@ class IndexWriter:
             "offset_data) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             rows,
         )
+
+    def _archive_folder_named_twice(self) -> bool:
+        """Whether an inner archive's folder shares its name with another member (a newer copy
+        of the archive, a folder): tar -x sees a file there, so only a replay tells what stays."""
+        if not self._archive_folders:
+            return False
+        rows = self._conn.execute(
+            "SELECT id FROM files WHERE (parent, name) IN "
+            "(SELECT parent, name FROM files GROUP BY parent, name HAVING COUNT(*) > 1)"
+        )
+        return any(row_id in self._archive_folders for (row_id,) in rows)
 
     def _replay_extraction(self, conflicts: bool, mtime_ns: int, uid: int, gid: int) -> None:
         """Folders and other members share a name (``conflicts``), or a hard link is not simply
