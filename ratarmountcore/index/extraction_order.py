@@ -95,7 +95,9 @@ def replay(rows: Iterable[Row]) -> Replayed:
         node = tree.get(path)
         replaceable = node is not None and (not node.is_dir or not node.children or node.archive)
         if target is not None:
-            if node is not None and links.get(node.row, node.row) == links.get(target.row, target.row):
+            if node is target or (
+                node is not None and node.row and links.get(node.row, node.row) == links.get(target.row, target.row)
+            ):
                 continue  # EEXIST, but the name is the target already: tar takes that as made
             if target.is_dir:
                 if node is not None and replaceable:  # removed (EEXIST), then EPERM
@@ -144,6 +146,11 @@ def _find(tree: Dict[bytes, _Node], path: bytes) -> Tuple[Optional[_Node], bool]
     current = ROOT
     index = hops = 0
     while index < len(parts):
+        if parts[index] == b".":  # (kept by the scanner: the target must be a folder)
+            if index == len(parts) - 1:
+                return tree.get(current), False
+            index += 1
+            continue
         child = join_path(current, parts[index])
         node = tree.get(child)
         if node is None:

@@ -137,6 +137,16 @@ def _check_sparse(extents: Extents, real_size: int, stored: int, name: str, pos:
         )
 
 
+def normalize_link_target(link: str) -> str:
+    """``normalize_path`` for a hard link's target, keeping what says the target must be a
+    folder (``a/``, ``a/.``): ``linkat`` then fails (ENOTDIR, or EPERM for a folder), where the
+    plain path ``/a`` might name a file."""
+    path = normalize_path(link)
+    if path != "/" and (link.endswith(("/", "/.", "/..")) or link in (".", "..")):
+        path += "/."
+    return path
+
+
 def decode_name(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
@@ -366,7 +376,7 @@ class TarScanner:
                             raw_link = raw_link.partition(b"\0")[0]
                             link = raw_link.decode("utf-8", "surrogateescape")
                             if kind == KIND_HARDLINK:
-                                link = normalize_path(link)
+                                link = normalize_link_target(link)
                             else:
                                 mode_bits = 0o777
                                 real_size = len(raw_link)
@@ -474,7 +484,7 @@ class TarScanner:
                 raw_link = raw_link[:end]
             link = raw_link.decode("utf-8", "surrogateescape")
             if kind == KIND_HARDLINK:
-                link = normalize_path(link)
+                link = normalize_link_target(link)
         if kind == KIND_SYMLINK:
             mode_bits = 0o777
             real_size = len(raw_link)
@@ -622,7 +632,7 @@ class TarScanner:
             _check_sparse(sparse, real_size, data_end - data_offset, name, pos)
         link = decode_name(raw_link)
         if kind == KIND_HARDLINK:
-            link = normalize_path(link)
+            link = normalize_link_target(link)
         record = MemberRecord(
             path=normalize_path(name),
             kind=kind,
