@@ -609,6 +609,27 @@ def test_a_folder_sources_file_hides_earlier_folders_below_it(mounter: Mounter, 
     mounter.unmount(mnt)
 
 
+def test_a_folder_only_implied_by_a_later_archive_replaces_nothing_of_a_folder_source(tmp_path: Path) -> None:
+    """Folders only implied by member paths never replace anything, also what a folder source
+    before the archive has: its real folder keeps its own attributes (the union showed the
+    implied folder's), and its symbolic link of that name stays a link with nothing below it
+    (it was shown as a folder holding the archive's members)."""
+    (tmp_path / "b.tar").write_bytes(tar_bytes({"sub/f": b"f", "other/g": b"g"}))
+    folder = tmp_path / "folder"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "a").write_bytes(b"a")
+    os.chmod(folder / "sub", 0o700)
+    os.utime(folder / "sub", ns=(10**18, 10**18))
+    os.symlink("sub", folder / "other")
+    with ratarmountcore.open([str(folder), str(tmp_path / "b.tar")]) as src:
+        st = src.stat("/sub")
+        assert (stat.S_IMODE(st.st_mode), st.st_mtime_ns) == (0o700, 10**18)
+        assert src.listdir("/sub") == ["a", "f"] and src.read("/sub/f") == b"f"
+        assert src.info("/other").is_symlink and not src.exists("/other/g")
+        listed = {name: src.info(f"/{name}") for name in src.listdir("/")}
+        assert listed["other"].is_symlink and stat.S_IMODE(listed["sub"].mode) == 0o700
+
+
 def test_a_removed_name_never_opens_the_file_that_got_its_inode_number(mounter: Mounter, tmp_path: Path) -> None:
     """ext4 gives a freed inode number to the next new file at once: a name the kernel still
     caches for a deleted file must not lead to the new file that got its number (the node is

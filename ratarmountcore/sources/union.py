@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 _S_IFMT = 0o170000
 #: A path component naming an entry's versions (``PATH.versions/``).
 _VERSIONS_PART = VERSIONS_SUFFIX.decode() + "/"
-UNION_FORMAT = "5"  # 5: a folder replaced by a file takes its entries with it
+UNION_FORMAT = "6"  # 5: a folder replaced by a file takes its entries with it; 6: ``implied``
 #: A folder's rows from the union table (``StatRow`` fields) after a name, in name order.
 _STAT_ROWS_SQL = (
     "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev FROM entries "
@@ -54,7 +54,7 @@ _STAT_ROWS_SQL = (
 _NAME_ROWS_SQL = "SELECT name, mode, ino FROM entries WHERE parent = ? AND name > ? ORDER BY name LIMIT ?"
 #: ``_STAT_ROWS_SQL`` with each row's source (merged with the sources that may change).
 _SOURCE_ROWS_SQL = (
-    "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, source FROM entries "
+    "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, source, implied FROM entries "
     "WHERE parent = ? AND name > ? ORDER BY name LIMIT ?"
 )
 #: An entry's inode number in the union: its source's number above its own (below 2**40).
@@ -156,9 +156,9 @@ class UnionSource(MountSource):
             "CREATE TABLE entries (parent BLOB NOT NULL, name BLOB NOT NULL, source INTEGER NOT NULL, "
             "mode INTEGER NOT NULL, size INTEGER NOT NULL, mtime_ns NOT NULL, uid INTEGER NOT NULL, "
             "gid INTEGER NOT NULL, nlink INTEGER NOT NULL, ino INTEGER NOT NULL, rdev INTEGER NOT NULL, "
-            "PRIMARY KEY (parent, name)) WITHOUT ROWID"
+            "implied INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (parent, name)) WITHOUT ROWID"
         )
-        columns = "(parent, name, source, mode, size, mtime_ns, uid, gid, nlink, ino, rdev)"
+        columns = "(parent, name, source, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, implied)"
         for number, source in enumerate(self.sources):
             if number in self._mutable:
                 continue  # asked at every lookup and listing instead
@@ -174,8 +174,8 @@ class UnionSource(MountSource):
                     else "0"
                 )
                 select = (
-                    f"SELECT parent, name, {number}, mode, size, mtime_ns, uid, gid, nlink, {numbered}, rdev "
-                    "FROM src.files WHERE latest = 1 AND name != x'' AND offset_header"
+                    f"SELECT parent, name, {number}, mode, size, mtime_ns, uid, gid, nlink, {numbered}, rdev, "
+                    "offset_header = ? FROM src.files WHERE latest = 1 AND name != x'' AND offset_header"
                 )
                 _drop_below(
                     conn,
@@ -184,8 +184,9 @@ class UnionSource(MountSource):
                         f"f.name = e.name WHERE f.latest = 1 AND f.kind != 'd' AND e.mode & {_S_IFMT} = {stat.S_IFDIR}"
                     ).fetchall(),
                 )
-                conn.execute(f"INSERT OR REPLACE INTO entries {columns} {select} != ?", (IMPLICIT,))
-                conn.execute(f"INSERT OR IGNORE INTO entries {columns} {select} = ?", (IMPLICIT,))
+                # (``implied``: a folder source before this one that has the name wins it.)
+                conn.execute(f"INSERT OR REPLACE INTO entries {columns} {select} != ?", (IMPLICIT, IMPLICIT))
+                conn.execute(f"INSERT OR IGNORE INTO entries {columns} {select} = ?", (IMPLICIT, IMPLICIT))
                 conn.execute("DETACH DATABASE src")
             else:
                 rows: List[Tuple[object, ...]] = []
@@ -196,12 +197,12 @@ class UnionSource(MountSource):
                     for row in source.list_stat_rows(folder) or []:
                         name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev = self._shift(number, row)
                         mtime = mtime_ns if _INT64_MIN <= mtime_ns <= _INT64_MAX else encode_big_int(mtime_ns)
-                        rows.append((parent, name, number, mode, size, mtime, uid, gid, nlink, ino, rdev))
+                        rows.append((parent, name, number, mode, size, mtime, uid, gid, nlink, ino, rdev, 0))
                         if not stat.S_ISDIR(mode) and (parent, name) in folders:
                             replaced.append((parent, name))
                 _drop_below(conn, replaced)
                 conn.executemany(
-                    f"INSERT OR REPLACE INTO entries {columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
+                    f"INSERT OR REPLACE INTO entries {columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
                 )
 
     def _query(self, sql: str, params: tuple) -> list:  # type: ignore[type-arg]
@@ -215,6 +216,11 @@ class UnionSource(MountSource):
     def _winner(self, path: str) -> Optional[int]:
         rows = self._query("SELECT source FROM entries WHERE parent = ? AND name = ?", split_path(path))
         return int(rows[0][0]) if rows else None
+
+    def _winner_implied(self, path: str) -> Tuple[Optional[int], bool]:
+        """``_winner``, and whether its entry is a folder only implied by member paths."""
+        rows = self._query("SELECT source, implied FROM entries WHERE parent = ? AND name = ?", split_path(path))
+        return (int(rows[0][0]), bool(rows[0][1])) if rows else (None, False)
 
     def _children(self, path: str, limit: int = -1) -> List[Tuple[bytes, int]]:
         return self._query("SELECT name, source FROM entries WHERE parent = ? LIMIT ?", (encode(path), limit))
@@ -283,7 +289,7 @@ class UnionSource(MountSource):
             above = self.lookup(parent)
             if above is None or not above.is_dir:
                 return None
-        number = self._winner(path)
+        number, implied = self._winner_implied(path)
         for mutable in reversed(self._mutable):
             if number is not None and mutable < number:
                 break
@@ -292,6 +298,11 @@ class UnionSource(MountSource):
                 return self._wrap(mutable, info)
             if self._hides(mutable, parent):
                 return None  # what earlier sources have below ``parent`` is not the union's
+        if number is not None and implied:  # replaces nothing a folder source has
+            for mutable in reversed(self._mutable):
+                info = self.sources[mutable].lookup(path) if mutable < number else None
+                if info is not None:
+                    return self._wrap(mutable, info)
         if number is not None:
             info = self.sources[number].lookup(path)
             if info is not None:
@@ -339,6 +350,7 @@ class UnionSource(MountSource):
             for row, number in zip(plain_mtimes([r[:9] for r in table]), (r[9] for r in table))
             if number > hidden
         }
+        implied = {r[0] for r in table if r[10]}  # (folders only implied: any folder source's entry wins)
         upper = table[-1][0] if 0 <= part <= len(table) else None
         for mutable in self._mutable:  # (in order: a later one wins)
             if mutable < hidden:
@@ -348,8 +360,9 @@ class UnionSource(MountSource):
                 if (after is not None and name <= after) or (upper is not None and name > upper):
                     continue
                 current = merged.get(name)
-                if current is None or current[1] < mutable:
+                if current is None or current[1] < mutable or name in implied:
                     merged[name] = (self._shift(mutable, row), mutable)
+                    implied.discard(name)
         names = sorted(merged)
         return [merged[name] for name in (names if limit < 0 else names[:limit])]
 
