@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import pytest
 from conftest import Mounter, run_ratarmount, tar_bytes
@@ -194,6 +194,9 @@ def _tar_in_order(members: List[tuple]) -> bytes:  # type: ignore[type-arg]
             info.mtime = 1_600_000_000
             if data is None:
                 info.type = tarfile.DIRTYPE
+            elif isinstance(data, tuple):  # ("link", target): a hard link
+                info.type, info.linkname = tarfile.LNKTYPE, data[1]
+                data = None
             else:
                 info.size = len(data)
             tar.addfile(info, io.BytesIO(data or b""))
@@ -233,6 +236,21 @@ def test_an_inner_archive_and_another_member_of_its_name(
             for name in files
         }
     assert shown == expected
+
+
+@pytest.mark.parametrize("tool", [None, "gzip"])
+def test_a_hard_link_to_an_inner_archive_is_its_file(tmp_path: Path, tool: Optional[str]) -> None:
+    """A hard link to a member that ``-r`` shows as a folder: ``tar -x`` makes it (another name
+    of the archive's file), so it is shown as that file, with its own inode number (it was left
+    out, and its data with it)."""
+    inner = tar_bytes({"inner.txt": b"inside"})
+    stored = compress(inner, tool) if tool else inner
+    name = "c.tar.gz" if tool else "c.tar"
+    (tmp_path / "outer.tar").write_bytes(_tar_in_order([(name, stored), ("d", ("link", name))]))
+    with ratarmountcore.open(str(tmp_path / "outer.tar"), OpenOptions(recursive=True)) as src:
+        assert src.read(f"/{name}/inner.txt") == b"inside"
+        assert src.info("/d").is_file and src.read("/d") == stored
+        assert src.info("/d").ino != src.info(f"/{name}").ino and src.info("/d").nlink == 1
 
 
 def test_recursive_compressed_inner_through_fuse(mounter: Mounter, tmp_path: Path) -> None:

@@ -99,7 +99,7 @@ def replay(rows: Iterable[Row]) -> Replayed:
                 node is not None and node.row and links.get(node.row, node.row) == links.get(target.row, target.row)
             ):
                 continue  # EEXIST, but the name is the target already: tar takes that as made
-            if target.is_dir:
+            if target.is_dir and not target.archive:  # (an inner archive is a file to tar -x)
                 if node is not None and replaceable:  # removed (EEXIST), then EPERM
                     _remove(tree, path, node)
                 continue

@@ -170,7 +170,7 @@ def _scan(
         fmt = sniff_bytes(head)
         if fmt is FormatId.TAR and record.size >= 2 * BLOCK and head != b"\0" * BLOCK:
             folder = _as_folder(record, ctx.strip)
-            ctx.writer.add_archive_folder(folder, source)
+            ctx.writer.add_archive_folder(folder, source, file=record)
             ctx.count += 1
             ctx.archives += 1
             inner = WindowReader(reader, record.offset_data - base, record.size)
@@ -235,7 +235,7 @@ def _index_compressed_member(ctx: _Context, record: MemberRecord, fmt: FormatId,
             ctx.writer.add(record, source)
             ctx.count += 1
             return
-        folder_id = ctx.writer.add_archive_folder(_as_folder(record), source)
+        folder_id = ctx.writer.add_archive_folder(_as_folder(record), source, file=record)
         ctx.archives += 1
         ctx.count += 1
         ctx.writer.add_nested_archive(folder_id, record.offset_data, record.size, fmt.value)
