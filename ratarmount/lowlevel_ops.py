@@ -480,8 +480,11 @@ class LowLevelOperations:
             raise _errno(errno.EISDIR)
         if self.no_open:
             raise _errno(errno.ENOSYS)  # see init; the open itself succeeds
-        keep = self._keep_cache or (abi.FOPEN_KEEP_CACHE if self.source.is_immutable_entry(info) else 0)
-        return abi.open_out(self.files.open(info, node), keep)
+        immutable = self.source.is_immutable_entry(info)
+        keep = self._keep_cache or (abi.FOPEN_KEEP_CACHE if immutable else 0)
+        # Only an entry that may be replaced needs its entry as opened (``getattr``): an
+        # archive member's open takes no lock for it.
+        return abi.open_out(self.files.open(info, 0 if immutable else node), keep)
 
     def read(self, node: int, handle: int, offset: int, view: memoryview) -> int:
         me = threading.get_ident()

@@ -206,11 +206,9 @@ class IndexWriter:
         self._last_parent = ""
         self._last_parent_bytes = b""
         self._has_hardlinks = False
-        #: Rows of folders that stand for archives inside the archive (``-r``).
-        self._archive_folders: Set[int] = set()
-        #: An inner archive's folder row -> the member's own mode and size (a hard link to it
-        #: is a link to the file to tar -x).
-        self._archive_files: Dict[int, Tuple[int, int]] = {}
+        #: Rows of folders that stand for archives inside the archive (``-r``) -> the member's
+        #: own mode and size (a hard link to it is a link to the file to tar -x).
+        self._archive_folders: Dict[int, Tuple[int, int]] = {}
         self._count = 0
         self._committed = False
 
@@ -315,13 +313,11 @@ class IndexWriter:
         self._count += 1
         return row_id
 
-    def add_archive_folder(self, record: MemberRecord, source: int = 0, file: Optional[MemberRecord] = None) -> int:
+    def add_archive_folder(self, record: MemberRecord, source: int, file: MemberRecord) -> int:
         """``add`` for the folder that shows an archive inside the archive (``-r``); ``file``:
         the member as it is stored."""
         row_id = self.add(record, source)
-        self._archive_folders.add(row_id)
-        if file is not None:
-            self._archive_files[row_id] = (file.mode, file.size)
+        self._archive_folders[row_id] = (file.mode, file.size)
         return row_id
 
     def discard_from(self, row_id: int, path: str) -> None:
@@ -334,8 +330,7 @@ class IndexWriter:
         for (backend,) in conn.execute("SELECT DISTINCT backend FROM seek_points WHERE backend LIKE '%@%'").fetchall():
             if int(backend.rpartition("@")[2]) >= row_id:
                 conn.execute("DELETE FROM seek_points WHERE backend = ?", (backend,))
-        self._archive_folders = {i for i in self._archive_folders if i < row_id}
-        self._archive_files = {i: stored for i, stored in self._archive_files.items() if i < row_id}
+        self._archive_folders = {i: stored for i, stored in self._archive_folders.items() if i < row_id}
         below = path + "/"
         self._explicit_dirs = {p for p in self._explicit_dirs if p != path and not p.startswith(below)}
         self._ancestors = {p for p in self._ancestors if p != path and not p.startswith(below)}
@@ -509,19 +504,14 @@ class IndexWriter:
                     )
                     failed.append((row_id,))
             conn.executemany("DELETE FROM files WHERE id = ?", failed)
-            to_archives = {link: target for link, target in replayed.links.items() if target in self._archive_files}
+            to_archives = {link: target for link, target in replayed.links.items() if target in self._archive_folders}
             self._copy_targets((link, target) for link, target in replayed.links.items() if link not in to_archives)
             # A link to an inner archive is another name of its file: shown as that file (its
             # own inode: the folder's is a folder's).
             conn.executemany(
                 "UPDATE files SET (kind, mode, size, mtime_ns, uid, gid, offset_data, linkname, sparse, rdev) = "
-                "('f', ?, ?, (SELECT mtime_ns FROM files WHERE id = ?), (SELECT uid FROM files WHERE id = ?), "
-                "(SELECT gid FROM files WHERE id = ?), (SELECT offset_data FROM files WHERE id = ?), '', NULL, 0) "
-                "WHERE id = ?",
-                (
-                    (*self._archive_files[target], target, target, target, target, link)
-                    for link, target in to_archives.items()
-                ),
+                "(SELECT 'f', ?, ?, mtime_ns, uid, gid, offset_data, '', NULL, 0 FROM files WHERE id = ?) WHERE id = ?",
+                ((*self._archive_folders[target], target, link) for link, target in to_archives.items()),
             )
         conn.execute("UPDATE files SET latest = 0")
         conn.executemany("UPDATE files SET latest = 1 WHERE id = ?", ((row_id,) for row_id in sorted(replayed.kept)))

@@ -213,12 +213,9 @@ class UnionSource(MountSource):
         with self._lock, sqlite_gate.gate:
             return self._memory.execute(sql, params).fetchall()
 
-    def _winner(self, path: str) -> Optional[int]:
-        rows = self._query("SELECT source FROM entries WHERE parent = ? AND name = ?", split_path(path))
-        return int(rows[0][0]) if rows else None
-
-    def _winner_implied(self, path: str) -> Tuple[Optional[int], bool]:
-        """``_winner``, and whether its entry is a folder only implied by member paths."""
+    def _winner(self, path: str) -> Tuple[Optional[int], bool]:
+        """The source the table gives ``path`` to, and whether its entry is a folder only implied
+        by member paths."""
         rows = self._query("SELECT source, implied FROM entries WHERE parent = ? AND name = ?", split_path(path))
         return (int(rows[0][0]), bool(rows[0][1])) if rows else (None, False)
 
@@ -259,7 +256,7 @@ class UnionSource(MountSource):
             return None if info is None else info._replace(ino=1, locator=None)
         if self._mutable:
             return self._lookup_live(path)
-        number = self._winner(path)
+        number, _implied = self._winner(path)
         if number is not None:
             info = self.sources[number].lookup(path)
             if info is not None:
@@ -289,7 +286,7 @@ class UnionSource(MountSource):
             above = self.lookup(parent)
             if above is None or not above.is_dir:
                 return None
-        number, implied = self._winner_implied(path)
+        number, implied = self._winner(path)
         for mutable in reversed(self._mutable):
             if number is not None and mutable < number:
                 break
@@ -298,9 +295,9 @@ class UnionSource(MountSource):
                 return self._wrap(mutable, info)
             if self._hides(mutable, parent):
                 return None  # what earlier sources have below ``parent`` is not the union's
-        if number is not None and implied:  # replaces nothing a folder source has
-            for mutable in reversed(self._mutable):
-                info = self.sources[mutable].lookup(path) if mutable < number else None
+        if number is not None and implied:  # replaces nothing a folder source before it has
+            for mutable in reversed([m for m in self._mutable if m < number]):
+                info = self.sources[mutable].lookup(path)
                 if info is not None:
                     return self._wrap(mutable, info)
         if number is not None:
@@ -375,7 +372,7 @@ class UnionSource(MountSource):
         found = self.sources[number].by_ino(ino & _INNER_MASK)
         if found is None:
             return None
-        if self._winner(found[0]) != number:
+        if self._winner(found[0])[0] != number:
             # A hard link whose first name a later source replaced: one of its other names.
             # (No index on inode numbers: a scan of the table, for this rare case only.)
             rows = self._query("SELECT parent, name FROM entries WHERE ino = ? AND source = ? LIMIT 1", (ino, number))

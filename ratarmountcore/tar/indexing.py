@@ -205,7 +205,7 @@ def _descend_compressed(
         logger.warning(
             "%s: inner archive %s has damaged compressed data (%s); shown as a file", ctx.label, record.path, exc
         )
-        ctx.writer.discard_from(folder_id, _as_folder(record).path)
+        ctx.writer.discard_from(folder_id, record.path)  # (compressed inner archives keep their names)
         ctx.archives -= 1
         ctx.writer.add(record, source)
 

@@ -29,7 +29,6 @@ logger = logging.getLogger(__name__)
 BLOCK = 512
 ZERO_BLOCK = b"\0" * BLOCK
 
-# Member kinds as stored in the index (one character each).
 #: The largest extended header (long name, pax records) read: far above what tar writes (GNU
 #: tar's names and links are at most a few KiB, pax records of extended attributes rarely
 #: reach MiBs), far below what a damaged size field claims.
@@ -37,6 +36,7 @@ MAX_EXTENDED_HEADER = 256 << 20
 #: Bytes read at a time into an extended header.
 _READ_PIECE = 1 << 20
 
+# Member kinds as stored in the index (one character each).
 KIND_FILE = "f"
 KIND_DIR = "d"
 KIND_SYMLINK = "l"
@@ -135,6 +135,14 @@ def _check_sparse(extents: Extents, real_size: int, stored: int, name: str, pos:
         raise CorruptHeaderError(
             f"sparse member {name} at offset {pos}: its map holds {total} bytes of data, the member stores {stored}"
         )
+
+
+def _sparse_numbers(values: Iterable[bytes], pos: int) -> List[int]:
+    """Decimal numbers of a sparse map; CorruptHeaderError for anything else."""
+    try:
+        return [int(v) for v in values]
+    except ValueError:
+        raise CorruptHeaderError(f"invalid sparse map for member at offset {pos}") from None
 
 
 def normalize_link_target(link: str) -> str:
@@ -678,21 +686,14 @@ class TarScanner:
             real_size = number("GNU.sparse.realsize") or 0
             sparse, map_bytes = self._read_sparse_map_1_0(data_offset, stored_size, pos)
             return sparse, real_size, data_offset + map_bytes, raw_name
-
-        def numbers(values: Iterable[bytes]) -> List[int]:
-            try:
-                return [int(v) for v in values]
-            except ValueError:
-                raise CorruptHeaderError(f"invalid sparse map for member at offset {pos}") from None
-
         if "GNU.sparse.map" in pax:  # 0.1
-            values = numbers(v for v in pax["GNU.sparse.map"].split(b",") if v)
+            values = _sparse_numbers((v for v in pax["GNU.sparse.map"].split(b",") if v), pos)
             sparse = list(zip(values[0::2], values[1::2]))
             real_size = number("GNU.sparse.size") or number("GNU.sparse.realsize") or 0
             return sparse, real_size, data_offset, raw_name
-        offsets = numbers(v for k, v in local_pax if k == "GNU.sparse.offset")
+        offsets = _sparse_numbers((v for k, v in local_pax if k == "GNU.sparse.offset"), pos)
         if offsets:  # 0.0: repeated offset/numbytes records
-            lengths = numbers(v for k, v in local_pax if k == "GNU.sparse.numbytes")
+            lengths = _sparse_numbers((v for k, v in local_pax if k == "GNU.sparse.numbytes"), pos)
             sparse = list(zip(offsets, lengths))
             real_size = number("GNU.sparse.size") or 0
         return sparse, real_size, data_offset, raw_name
@@ -700,12 +701,9 @@ class TarScanner:
     def _read_sparse_map_1_0(self, data_offset: int, stored_size: int, pos: int) -> Tuple[Extents, int]:
         chunk = bytearray(self._read_exact(data_offset, min(stored_size, BLOCK), "a sparse map"))
         first, complete, _ = bytes(chunk).partition(b"\n")
-        try:
-            count = int(first)
-            if not complete or count < 0:
-                raise ValueError(first)
-        except ValueError:
-            raise CorruptHeaderError(f"invalid sparse map for member at offset {pos}") from None
+        count = _sparse_numbers([first], pos)[0]
+        if not complete or count < 0:
+            raise CorruptHeaderError(f"invalid sparse map for member at offset {pos}")
         # Blocks until the map's 2 * count + 1 lines are complete, the newlines counted as they
         # come (a map of many extents spans thousands of blocks: no split of all of it per block).
         newlines = chunk.count(b"\n")
@@ -718,10 +716,7 @@ class TarScanner:
         if newlines < 2 * count:
             raise CorruptHeaderError(f"truncated sparse map for member at offset {pos}")
         lines = bytes(chunk).split(b"\n", 2 * count + 1)
-        try:
-            values = [int(v) for v in lines[1 : 1 + 2 * count]]
-        except ValueError:
-            raise CorruptHeaderError(f"invalid sparse map for member at offset {pos}") from None
+        values = _sparse_numbers(lines[1 : 1 + 2 * count], pos)
         map_len = len(b"\n".join(lines[: 1 + 2 * count])) + 1
         map_bytes = ((map_len + BLOCK - 1) // BLOCK) * BLOCK
         return list(zip(values[0::2], values[1::2])), map_bytes
