@@ -65,8 +65,22 @@ def test_the_replay_keeps_what_tar_leaves_in_place() -> None:
     assert kept(("/a/b/c", False), ("/a/b", False)) == ([1], [b"/a", b"/a/b"])  # folders made on the way
     assert kept(("/a/b", False), ("/a", True)) == ([1, 2], [])  # the member of a made folder is kept
     # The folder of an archive inside the archive (-r) is replaced with all it holds.
-    rows = [(1, b"/", b"x", True, True, None, None), (2, b"/x", b"m", False, False, None, None)]
-    assert replay([*rows, (3, b"/", b"x", False, False, None, None)]) == ({3}, [], {})
+    rows = [(1, b"/", b"x", True, 3, None, None), (2, b"/x", b"m", False, 0, None, None)]
+    assert replay([*rows, (3, b"/", b"x", False, 0, None, None)]) == ({3}, [], {})
+    # An archive refused by a folder that holds entries: its rows (up to the end its scan
+    # recorded) are left out, the outer members after them are not, also below its name.
+    rows = [
+        (1, b"/", b"d", True, 0, None, None),
+        (2, b"/d", b"f", False, 0, None, None),
+        (3, b"/", b"d", True, 5, None, None),
+        (4, b"/d", b"m", False, 0, None, None),
+        (5, b"/d", b"g", False, 0, None, None),
+    ]
+    assert replay(rows) == ({1, 2, 5}, [], {})
+    # Shown under another name (g for g.tar), the archive is also the file g.tar to tar -x.
+    rows = [(1, b"/", b"g", True, 3, None, None), (2, b"/g", b"m", False, 0, None, None)]
+    assert replay([*rows, (3, b"/", b"g.tar", False, 0, None, None)], {1: b"g.tar"}) == ({3}, [], {})
+    assert replay([*rows, (3, b"/", b"h", False, 0, None, b"/g.tar")], {1: b"g.tar"}) == ({1, 2, 3}, [], {3: 1})
     # Hard links: made on the tree as it is then, through a symbolic link to a folder in place.
     rows = [
         (1, b"/", b"d", True, False, None, None),

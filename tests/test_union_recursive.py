@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -203,8 +204,11 @@ def _tar_in_order(members: List[tuple]) -> bytes:  # type: ignore[type-arg]
     return buffer.getvalue()
 
 
+_INNER = [("a.txt", b"inner")]
+
+
 @pytest.mark.parametrize(
-    "members,expected",
+    "members,expected,strip",
     [
         # tar -r of an updated inner archive: the newer copy replaces the older with all it held
         (
@@ -213,23 +217,41 @@ def _tar_in_order(members: List[tuple]) -> bytes:  # type: ignore[type-arg]
                 ("x.tar", [("both.txt", b"v2"), ("new.txt", b"n")]),
             ],
             {"/x.tar/both.txt": b"v2", "/x.tar/new.txt": b"n"},
+            False,
         ),
         # a folder replaces the archive (a file to tar -x) with all it held
-        ([("x.tar", [("old.txt", b"old")]), ("x.tar/", None), ("x.tar/f", b"f")], {"/x.tar/f": b"f"}),
-        # an archive (a file to tar -x) does not replace a folder that holds files
-        ([("sub/", None), ("sub/f", b"f"), ("sub", [("inner.txt", b"i")]), ("z", b"z")], {"/sub/f": b"f", "/z": b"z"}),
+        ([("x.tar", [("old.txt", b"old")]), ("x.tar/", None), ("x.tar/f", b"f")], {"/x.tar/f": b"f"}, False),
+        # an archive (a file to tar -x) does not replace a folder that holds files; the outer
+        # archive's members after it are extracted, also those below its name (left out before)
+        (
+            [("sub/", None), ("sub/f", b"f"), ("sub", [("inner.txt", b"i")]), ("sub/g", b"g"), ("z", b"z")],
+            {"/sub/f": b"f", "/sub/g": b"g", "/z": b"z"},
+            False,
+        ),
+        # --strip-tar-extension: the folder g shows g.tar, which tar -x makes as a file g.tar;
+        # a later member g.tar replaces it, folder or file (both were shown) ...
+        ([("g.tar", _INNER), ("g.tar", b"plain")], {"/g.tar": b"plain"}, True),
+        ([("g.tar", _INNER), ("g.tar/", None), ("g.tar/f", b"f")], {"/g.tar/f": b"f"}, True),
+        # ... it replaces an earlier file g.tar, not a folder g.tar that holds files ...
+        ([("g.tar", b"plain"), ("g.tar", _INNER)], {"/g/a.txt": b"inner"}, True),
+        ([("g.tar/f", b"f"), ("g.tar", _INNER)], {"/g.tar/f": b"f"}, True),
+        # ... nothing is made below it, and a hard link to it is another name of its file
+        ([("g.tar", _INNER), ("g.tar/f", b"f")], {"/g/a.txt": b"inner"}, True),
+        ([("g.tar", _INNER), ("h", ("link", "g.tar"))], {"/g/a.txt": b"inner", "/h": _tar_in_order(_INNER)}, True),
     ],
 )
 def test_an_inner_archive_and_another_member_of_its_name(
     tmp_path: Path,
     members: List[tuple],  # type: ignore[type-arg]
     expected: Dict[str, bytes],
+    strip: bool,
 ) -> None:
     """An inner archive is a file to ``tar -x``: what stays of it and of another member of its
     name is what stays of a file and that member (the older archive's members were shown too)."""
     outer = [(name, _tar_in_order(data) if isinstance(data, list) else data) for name, data in members]
     (tmp_path / "outer.tar").write_bytes(_tar_in_order(outer))
-    with ratarmountcore.open(str(tmp_path / "outer.tar"), OpenOptions(recursive=True)) as src:
+    options = OpenOptions(recursive=True, strip_tar_extension=strip)
+    with ratarmountcore.open(str(tmp_path / "outer.tar"), options) as src:
         shown = {
             f"{folder.rstrip('/')}/{name}": src.read(f"{folder.rstrip('/')}/{name}")
             for folder, _dirs, files in src.walk("/")
@@ -317,6 +339,28 @@ def test_strip_tar_extension_names_inner_archives_by_class(tmp_path: Path) -> No
     gz.write_bytes(tar_bytes({"c.tar.gz": inner, "only.tar": tar_bytes({"y": b"y"})}))
     with ratarmountcore.open(str(gz), options) as src:
         assert src.listdir("/") == ["c.tar.gz", "only"] and src.read("/c.tar.gz/x") == b"x"
+
+
+def test_an_index_of_inner_archives_built_by_older_rules_is_rebuilt(tmp_path: Path) -> None:
+    """What an index shows of inner archives changed (their rows are what their scan recorded;
+    a stripped archive's own name holds its file): an index with inner archives and older rules
+    is rebuilt once; one without inner archives serves as it is."""
+    for name, members, rebuilt in (
+        ("nested.tar", {"x.tar": tar_bytes({"y": b"y"})}, True),
+        ("flat.tar", {"x": b"x"}, False),
+    ):
+        archive = tmp_path / name
+        archive.write_bytes(tar_bytes(members))
+        index = Path(str(archive) + ".index.sqlite")
+        with ratarmountcore.open(str(archive), OpenOptions(recursive=True)):
+            pass
+        with sqlite3.connect(index) as conn:  # as an index of the last release wrote it
+            conn.execute("DELETE FROM metadata WHERE key = 'inner_archive_rules'")
+        conn.close()
+        built = index.stat().st_mtime_ns
+        with ratarmountcore.open(str(archive), OpenOptions(recursive=True)) as src:
+            assert src.read("/x.tar/y" if rebuilt else "/x") == (b"y" if rebuilt else b"x")
+        assert (index.stat().st_mtime_ns != built) == rebuilt, name
 
 
 def test_strip_tar_extension_through_fuse(mounter: Mounter, tmp_path: Path) -> None:

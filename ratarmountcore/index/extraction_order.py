@@ -14,7 +14,10 @@ query. When a path is a folder in one member and a file, link or device in anoth
   holds, as a later member of the same name replaces any other;
 - the folder of an archive inside the archive is a file to ``tar -x``: a later folder or archive
   of its name replaces it with all it holds, and it does not replace a folder that holds
-  entries (its members are then left out: those right after its row, below its path).
+  entries (its members are then left out: the rows from its row to the end its scan recorded);
+- a folder shown under another name than the archive's (``--strip-tar-extension``: ``NAME.tar``
+  as ``NAME``) also holds the archive's own name as a file: a later member of that name, or a
+  hard link to it, meets the archive there.
 
 Hard links are made as ``tar -x`` makes them, with ``linkat`` on the tree as it is at that
 point: the target is the member in place there (a symbolic link to a folder on the way is
@@ -38,9 +41,9 @@ from .paths import ROOT, join_path, parent_and_name
 #: Symbolic links followed on the way to a hard link's target (the kernel's limit, ELOOP).
 MAX_LINK_HOPS = 40
 
-#: (id, parent, name, is a folder, is an archive's folder, a symbolic link's target or None, a
-#: hard link's target path or None)
-Row = Tuple[int, bytes, bytes, bool, bool, Optional[bytes], Optional[bytes]]
+#: (id, parent, name, is a folder, for an archive's folder the id after its members' rows (else
+#: 0), a symbolic link's target or None, a hard link's target path or None)
+Row = Tuple[int, bytes, bytes, bool, int, Optional[bytes], Optional[bytes]]
 
 
 class Replayed(NamedTuple):
@@ -53,7 +56,7 @@ class Replayed(NamedTuple):
 
 
 class _Node:
-    __slots__ = ("is_dir", "row", "children", "archive", "symlink")
+    __slots__ = ("is_dir", "row", "children", "archive", "symlink", "shown")
 
     def __init__(self, is_dir: bool, row: int, archive: bool = False, symlink: Optional[bytes] = None) -> None:
         self.is_dir = is_dir
@@ -65,23 +68,24 @@ class _Node:
         self.archive = archive
         #: A symbolic link's target.
         self.symlink = symlink
+        #: The path of the folder that shows this archive under another name (this node is the
+        #: archive's file under its own name), else None.
+        self.shown: Optional[bytes] = None
 
 
-def replay(rows: Iterable[Row]) -> Replayed:
+def replay(rows: Iterable[Row], stored_names: Optional[Dict[int, bytes]] = None) -> Replayed:
     """``rows``: every member in archive order (``Row``); the archive's own "./" member has
-    parent and name ``b""``."""
+    parent and name ``b""``. ``stored_names``: archive folder id -> the archive's own name,
+    for folders shown under another name."""
     tree: Dict[bytes, _Node] = {ROOT: _Node(True, 0)}
     links: Dict[int, int] = {}
-    refused = b""  # the folder path + "/" of an inner archive tar could not put in place
+    refused = 0  # the id after the rows of an inner archive tar could not put in place
     for row, parent, name, is_dir, archive, symlink, hardlink in rows:
         if not name:  # the root itself: a folder, always there
             tree[ROOT].row = row
             continue
-        if refused:
-            # (An inner archive's members come right after its folder's row.)
-            if (parent + b"/").startswith(refused):
-                continue
-            refused = b""
+        if row < refused:
+            continue
         target = None
         if hardlink is not None:
             target, missing = _find(tree, hardlink)
@@ -104,11 +108,21 @@ def replay(rows: Iterable[Row]) -> Replayed:
                     _remove(tree, path, node)
                 continue
             links[row] = links.get(target.row, target.row)
+        if archive and node is not None and not replaceable:  # a file in tar -x: "File exists" over a folder
+            refused = archive
+            continue
+        stored_name = stored_names.get(row) if archive and stored_names else None
+        if stored_name is not None:
+            if not _place_stored(tree, join_path(parent, stored_name), row, path):
+                refused = archive
+                continue
+            node = tree.get(path)  # (it may have been the folder of the archive replaced there)
+            replaceable = node is not None and (not node.is_dir or not node.children or node.archive)
+        if node is not None and node.shown is not None:  # the archive's own name replaced: the archive too
+            _remove_shown(tree, node)
         if node is None:
-            tree[path] = _Node(is_dir, row, archive, symlink)
+            tree[path] = _Node(is_dir, row, bool(archive), symlink)
             tree[parent].children += 1
-        elif archive and not replaceable:  # a file in tar -x: "File exists" over a folder
-            refused = path + b"/"
         elif is_dir or replaceable:
             if node.children and (not is_dir or archive or node.archive):
                 # An archive's folder (a file in tar -x) replaced, or replacing, with all it holds.
@@ -116,10 +130,10 @@ def replay(rows: Iterable[Row]) -> Replayed:
                 node.children = 0
             node.is_dir = is_dir
             node.row = row
-            node.archive = archive
+            node.archive = bool(archive)
             node.symlink = symlink
             # (A folder replaced by a folder keeps its entries.)
-    kept = {node.row for node in tree.values() if node.row}
+    kept = {node.row for node in tree.values() if node.row and node.shown is None}
     made = [path for path, node in tree.items() if not node.row and path != ROOT]
     return Replayed(kept, made, links)
 
@@ -133,8 +147,36 @@ def _remove_below(tree: Dict[bytes, _Node], path: bytes) -> None:
 def _remove(tree: Dict[bytes, _Node], path: bytes, node: _Node) -> None:
     if node.children:  # (an archive's folder)
         _remove_below(tree, path)
+    if node.shown is not None:
+        _remove_shown(tree, node)
     del tree[path]
     tree[parent_and_name(path)[0]].children -= 1
+
+
+def _place_stored(tree: Dict[bytes, _Node], stored: bytes, row: int, shown: bytes) -> bool:
+    """Put the archive ``row`` shown at ``shown`` as the file tar -x makes under its own name
+    ``stored``; False when a folder that holds entries is there ("File exists")."""
+    node = tree.get(stored)
+    if node is not None:
+        if node.is_dir and node.children and not node.archive:
+            return False
+        _remove(tree, stored, node)
+    placeholder = _Node(False, row)
+    placeholder.shown = shown
+    tree[stored] = placeholder
+    tree[parent_and_name(stored)[0]].children += 1
+    return True
+
+
+def _remove_shown(tree: Dict[bytes, _Node], placeholder: _Node) -> None:
+    """The archive file ``placeholder`` stands for is replaced: so is its folder, if still shown."""
+    shown = placeholder.shown
+    placeholder.shown = None
+    if shown is None:
+        return
+    folder = tree.get(shown)
+    if folder is not None and folder.row == placeholder.row:
+        _remove(tree, shown, folder)
 
 
 def _find(tree: Dict[bytes, _Node], path: bytes) -> Tuple[Optional[_Node], bool]:

@@ -16,6 +16,7 @@ import sqlite3
 import struct
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..errors import InvalidIndexError, StaleIndexError
@@ -57,7 +58,13 @@ LIST_STATS_AFTER_SQL = _LIST_STATS + _AFTER
 LIST_NAMES_AFTER_SQL = "SELECT name, mode, ino + 1 FROM files WHERE parent = ? AND latest = 1" + _AFTER
 
 #: Build options that indexes written before they existed were built with.
-OPTION_DEFAULTS = {"strip_tar_extension": "0"}
+#: How what an index shows of archives inside the archive (-r) is decided; an index with such
+#: archives built by other rules is rebuilt (those without any serve as they are). 2: an
+#: archive's members are the rows its scan recorded, and its own name holds its file when its
+#: folder has another (session 22).
+INNER_ARCHIVE_RULES = "2"
+
+OPTION_DEFAULTS = {"strip_tar_extension": "0", "inner_archive_rules": "1"}
 
 Row = Tuple[int, bytes, bytes, str, int, int, int, int, int, int, int, bytes, int, Optional[bytes], int, int]
 
@@ -206,9 +213,8 @@ class IndexWriter:
         self._last_parent = ""
         self._last_parent_bytes = b""
         self._has_hardlinks = False
-        #: Rows of folders that stand for archives inside the archive (``-r``) -> the member's
-        #: own mode and size (a hard link to it is a link to the file to tar -x).
-        self._archive_folders: Dict[int, Tuple[int, int]] = {}
+        #: Rows of folders that stand for archives inside the archive (``-r``).
+        self._archive_folders: Dict[int, _ArchiveFolder] = {}
         self._count = 0
         self._committed = False
 
@@ -315,10 +321,19 @@ class IndexWriter:
 
     def add_archive_folder(self, record: MemberRecord, source: int, file: MemberRecord) -> int:
         """``add`` for the folder that shows an archive inside the archive (``-r``); ``file``:
-        the member as it is stored."""
+        the member as it is stored. The rows added until ``end_archive_folder`` are its members."""
         row_id = self.add(record, source)
-        self._archive_folders[row_id] = (file.mode, file.size)
+        stored_name = None
+        if file.path != record.path:  # (--strip-tar-extension)
+            stored_name = posixpath.basename(file.path).encode("utf-8", "surrogateescape")
+        self._archive_folders[row_id] = _ArchiveFolder(file.mode, file.size, stored_name)
         return row_id
+
+    def end_archive_folder(self, row_id: int) -> None:
+        """The scan of the archive ``add_archive_folder`` added as ``row_id`` is done."""
+        folder = self._archive_folders.get(row_id)
+        if folder is not None:  # (else discarded)
+            folder.end = self._next_id
 
     def discard_from(self, row_id: int, path: str) -> None:
         """Forget the rows from ``row_id`` on: an inner archive's folder ``path`` and what was
@@ -330,7 +345,7 @@ class IndexWriter:
         for (backend,) in conn.execute("SELECT DISTINCT backend FROM seek_points WHERE backend LIKE '%@%'").fetchall():
             if int(backend.rpartition("@")[2]) >= row_id:
                 conn.execute("DELETE FROM seek_points WHERE backend = ?", (backend,))
-        self._archive_folders = {i: stored for i, stored in self._archive_folders.items() if i < row_id}
+        self._archive_folders = {i: folder for i, folder in self._archive_folders.items() if i < row_id}
         below = path + "/"
         self._explicit_dirs = {p for p in self._explicit_dirs if p != path and not p.startswith(below)}
         self._ancestors = {p for p in self._ancestors if p != path and not p.startswith(below)}
@@ -392,7 +407,7 @@ class IndexWriter:
         conflicts = (
             implicit is None
             or (duplicates is not None and not duplicates[0])
-            or (duplicates is not None and self._archive_folder_named_twice())
+            or self._archive_folder_named_twice(duplicates is not None)
         )
         if conflicts or (self._has_hardlinks and not self._resolve_hardlinks()):
             self._replay_extraction(conflicts, implicit_dir_mtime_ns, implicit_uid, implicit_gid)  # (hard links too)
@@ -459,16 +474,31 @@ class IndexWriter:
             rows,
         )
 
-    def _archive_folder_named_twice(self) -> bool:
+    def _archive_folder_named_twice(self, duplicates: bool) -> bool:
         """Whether an inner archive's folder shares its name with another member (a newer copy
-        of the archive, a folder): tar -x sees a file there, so only a replay tells what stays."""
+        of the archive, a folder; only asked when some name is ``duplicates``), or its own name
+        does when the folder has another: tar -x sees a file there, so only a replay tells what
+        stays."""
         if not self._archive_folders:
             return False
-        rows = self._conn.execute(
-            "SELECT id FROM files WHERE (parent, name) IN "
-            "(SELECT parent, name FROM files GROUP BY parent, name HAVING COUNT(*) > 1)"
-        )
-        return any(row_id in self._archive_folders for (row_id,) in rows)
+        if duplicates:
+            rows = self._conn.execute(
+                "SELECT id FROM files WHERE (parent, name) IN "
+                "(SELECT parent, name FROM files GROUP BY parent, name HAVING COUNT(*) > 1)"
+            )
+            if any(row_id in self._archive_folders for (row_id,) in rows):
+                return True
+        query = "SELECT parent FROM files WHERE id = ?"
+        taken = "SELECT 1 FROM files WHERE parent = ? AND name = ? LIMIT 1"
+        for row_id, folder in self._archive_folders.items():
+            if folder.stored_name is not None:
+                (parent,) = self._conn.execute(query, (row_id,)).fetchone()
+                stored = join_path(parent, folder.stored_name)
+                if self._conn.execute(taken, (parent, folder.stored_name)).fetchone() or (
+                    stored.decode("utf-8", "surrogateescape") in self._ancestors
+                ):
+                    return True
+        return False
 
     def _replay_extraction(self, conflicts: bool, mtime_ns: int, uid: int, gid: int) -> None:
         """Folders and other members share a name (``conflicts``), or a hard link is not simply
@@ -486,10 +516,13 @@ class IndexWriter:
         archives = self._archive_folders
         replayed = extraction_order.replay(
             (
-                i, parent, name, kind == KIND_DIR, i in archives,
-                linkname if kind == KIND_SYMLINK else None, linkname if is_hardlink else None,
-            )
-            for i, parent, name, kind, is_hardlink, linkname in rows
+                (
+                    i, parent, name, kind == KIND_DIR, archives[i].end if i in archives else 0,
+                    linkname if kind == KIND_SYMLINK else None, linkname if is_hardlink else None,
+                )
+                for i, parent, name, kind, is_hardlink, linkname in rows
+            ),
+            {i: folder.stored_name for i, folder in archives.items() if folder.stored_name is not None},
         )  # fmt: skip
         if self._has_hardlinks:
             failed = []
@@ -511,7 +544,7 @@ class IndexWriter:
             conn.executemany(
                 "UPDATE files SET (kind, mode, size, mtime_ns, uid, gid, offset_data, linkname, sparse, rdev) = "
                 "(SELECT 'f', ?, ?, mtime_ns, uid, gid, offset_data, '', NULL, 0 FROM files WHERE id = ?) WHERE id = ?",
-                ((*self._archive_folders[target], target, link) for link, target in to_archives.items()),
+                ((archives[target].mode, archives[target].size, target, link) for link, target in to_archives.items()),
             )
         conn.execute("UPDATE files SET latest = 0")
         conn.executemany("UPDATE files SET latest = 1 WHERE id = ?", ((row_id,) for row_id in sorted(replayed.kept)))
@@ -649,8 +682,8 @@ class IndexReader:
             no_inner = single or self.metadata.get("inner_archives") == "0"
             if key == "recursive" and (single or ((stored, value) == ("1", "0") and no_inner)):
                 continue  # one compressed file, or no member was an archive: the same rows either way
-            if key == "strip_tar_extension" and no_inner:
-                continue  # no archive shown as a folder: no name to strip
+            if key in ("strip_tar_extension", "inner_archive_rules") and no_inner:
+                continue  # no archive shown as a folder: no name to strip, no rules applied
             raise StaleIndexError(f"index was built with {key}={stored!r}, need {value!r}")
 
     # --- queries ------------------------------------------------------------------------------
@@ -708,3 +741,16 @@ class IndexReader:
     def seek_point_parts(self, backend: str) -> List[bytes]:
         rows = self._query("SELECT data FROM seek_points WHERE backend = ? ORDER BY part", (backend,))
         return [row[0] for row in rows]
+
+
+@dataclass
+class _ArchiveFolder:
+    """A folder that stands for an archive inside the archive (``-r``)."""
+
+    #: The member's own mode and size (a hard link to it is a link to the file to tar -x).
+    mode: int
+    size: int
+    #: The member's own name when the folder has another (``--strip-tar-extension``), else None.
+    stored_name: Optional[bytes]
+    #: The id after the rows of its members (set when its scan is done).
+    end: int = 0

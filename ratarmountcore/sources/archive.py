@@ -18,6 +18,7 @@ from ..index.fingerprint import archive_stats
 from ..index.folder_rows import FolderRows
 from ..index.paths import join_path
 from ..index.sqlite_index import (
+    INNER_ARCHIVE_RULES,
     IndexReader,
     IndexWriter,
     Row,
@@ -381,6 +382,8 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
         build_options = {
             "format": fmt.value, "recursive": str(int(options.recursive)), "strip_tar_extension": str(int(strip)),
         }  # fmt: skip
+        if options.recursive:
+            build_options["inner_archive_rules"] = INNER_ARCHIVE_RULES
         if fmt in COMPRESSIONS:
             compressed = open_compressed(path, plain, fmt, options.compression)
             reader = compressed

@@ -170,12 +170,13 @@ def _scan(
         fmt = sniff_bytes(head)
         if fmt is FormatId.TAR and record.size >= 2 * BLOCK and head != b"\0" * BLOCK:
             folder = _as_folder(record, ctx.strip)
-            ctx.writer.add_archive_folder(folder, source, file=record)
+            folder_id = ctx.writer.add_archive_folder(folder, source, file=record)
             ctx.count += 1
             ctx.archives += 1
             inner = WindowReader(reader, record.offset_data - base, record.size)
             scan = functools.partial(_scan, ctx, inner, record.size, folder.path, record.offset_data, depth + 1, source)
             _descend(ctx, record, scan)
+            ctx.writer.end_archive_folder(folder_id)
         elif fmt in COMPRESSIONS:
             _index_compressed_member(ctx, record, fmt, depth, source)
         else:
@@ -246,5 +247,6 @@ def _index_compressed_member(ctx: _Context, record: MemberRecord, fmt: FormatId,
             reader.export_seek_points(NamespacedSeekPoints(ctx.writer, folder_id))
 
         _descend_compressed(ctx, record, scan, folder_id, source)
+        ctx.writer.end_archive_folder(folder_id)
     finally:
         reader.close()
