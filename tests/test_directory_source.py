@@ -114,6 +114,27 @@ def test_union_of_an_archive_and_a_folder_later_wins(tmp_path: Path) -> None:
         assert src.read("/d/a.txt") == b"old a"
 
 
+def test_versions_of_a_name_are_those_of_the_source_it_is_from(tmp_path: Path) -> None:
+    """``PATH.versions`` lists the versions of the source that wins ``PATH``: none when a folder
+    source wins it (the archive's versions were listed, and read, under a name they no longer had)."""
+    base = tmp_path / "base.tar"
+    with tarfile.open(base, "w") as tar:
+        for data in (b"v1", b"v2"):  # x appended twice (tar -r)
+            info = tarfile.TarInfo("d/x")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    fixes = tmp_path / "fixes"
+    (fixes / "d").mkdir(parents=True)
+    (fixes / "d/x").write_bytes(b"fixed")
+    with ratarmountcore.open([str(base), str(fixes)]) as src:
+        assert src.read("/d/x") == b"fixed"
+        assert not src.exists("/d/x.versions") and not src.exists("/d/x.versions/1")
+    with ratarmountcore.open([str(fixes), str(base)]) as src:  # the archive wins: its versions
+        assert src.read("/d/x") == b"v2"
+        assert src.listdir("/d/x.versions") == ["1", "2"]
+        assert src.read("/d/x.versions/1") == b"v1"
+
+
 @settings(settings.get_profile("roundtrip-api"))
 @given(tree=trees())
 def test_any_folder_reads_back_as_it_is(tree: Tree) -> None:

@@ -304,11 +304,13 @@ class UnionSource(MountSource):
             info = self.sources[number].lookup(path)
             if info is not None:
                 return self._wrap(number, info)
-        if _VERSIONS_PART in path + "/":  # (no index lists them: the last source that knows it)
-            for other in range(len(self.sources) - 1, -1, -1):
-                info = None if other in self._mutable else self.sources[other].lookup(path)
-                if info is not None:
-                    return self._wrap(other, info)
+        if _VERSIONS_PART in path + "/":  # (no index lists them): those of the source the name is from
+            owner = self.lookup((path + "/").rpartition(_VERSIONS_PART)[0])
+            if owner is None or owner.locator is None or owner.locator.source in self._mutable:
+                return None  # (a folder keeps no versions)
+            info = self.sources[owner.locator.source].lookup(path)
+            if info is not None:
+                return self._wrap(owner.locator.source, info)
         return None
 
     def _hides(self, number: int, folder: str) -> bool:
