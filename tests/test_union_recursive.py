@@ -228,6 +228,11 @@ _INNER = [("a.txt", b"inner")]
             {"/sub/f": b"f", "/sub/g": b"g", "/z": b"z"},
             False,
         ),
+        # the outer archive's members after an archive's find a file there: nothing below it
+        # (they were shown in its folder), no hard link through it
+        ([("sub", _INNER), ("sub/x/", None), ("sub/a.txt", b"outer")], {"/sub/a.txt": b"inner"}, False),
+        ([("sub", _INNER), ("h", ("link", "sub/a.txt"))], {"/sub/a.txt": b"inner"}, False),
+        ([("o.tar", [("sub", _tar_in_order(_INNER)), ("sub/z", b"z")])], {"/o.tar/sub/a.txt": b"inner"}, False),
         # --strip-tar-extension: the folder g shows g.tar, which tar -x makes as a file g.tar;
         # a later member g.tar replaces it, folder or file (both were shown) ...
         ([("g.tar", _INNER), ("g.tar", b"plain")], {"/g.tar": b"plain"}, True),

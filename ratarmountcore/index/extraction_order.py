@@ -15,6 +15,7 @@ query. When a path is a folder in one member and a file, link or device in anoth
 - the folder of an archive inside the archive is a file to ``tar -x``: a later folder or archive
   of its name replaces it with all it holds, and it does not replace a folder that holds
   entries (its members are then left out: the rows from its row to the end its scan recorded);
+  the members after those rows find a file there (nothing is made below it, no link through it);
 - a folder shown under another name than the archive's (``--strip-tar-extension``: ``NAME.tar``
   as ``NAME``) also holds the archive's own name as a file: a later member of that name, or a
   hard link to it, meets the archive there.
@@ -58,13 +59,14 @@ class Replayed(NamedTuple):
 class _Node:
     __slots__ = ("is_dir", "row", "children", "archive", "symlink", "shown")
 
-    def __init__(self, is_dir: bool, row: int, archive: bool = False, symlink: Optional[bytes] = None) -> None:
+    def __init__(self, is_dir: bool, row: int, archive: int = 0, symlink: Optional[bytes] = None) -> None:
         self.is_dir = is_dir
         #: The member in place (0: a folder made for the members below it).
         self.row = row
         #: Entries extracted into it so far (a folder only).
         self.children = 0
-        #: Whether it is the folder of an archive inside the archive.
+        #: For the folder of an archive inside the archive, the id after its members' rows (the
+        #: rows after them see the file tar -x made), else 0.
         self.archive = archive
         #: A symbolic link's target.
         self.symlink = symlink
@@ -80,15 +82,17 @@ def replay(rows: Iterable[Row], stored_names: Optional[Dict[int, bytes]] = None)
     tree: Dict[bytes, _Node] = {ROOT: _Node(True, 0)}
     links: Dict[int, int] = {}
     refused = 0  # the id after the rows of an inner archive tar could not put in place
+    archives = False  # whether an archive's folder was placed (then its path is a file after its rows)
     for row, parent, name, is_dir, archive, symlink, hardlink in rows:
         if not name:  # the root itself: a folder, always there
             tree[ROOT].row = row
             continue
-        if row < refused:
+        if row < refused or (archives and _below_archive_file(tree, parent, row)):
             continue
+        archives = archives or bool(archive)
         target = None
         if hardlink is not None:
-            target, missing = _find(tree, hardlink)
+            target, missing = _find(tree, hardlink, row)
             if target is None:  # (the kernel looks at the target before the new name)
                 if missing:  # ENOENT: tar makes the folders of the new name and tries again
                     _make_parents(tree, parent)
@@ -121,7 +125,7 @@ def replay(rows: Iterable[Row], stored_names: Optional[Dict[int, bytes]] = None)
         if node is not None and node.shown is not None:  # the archive's own name replaced: the archive too
             _remove_shown(tree, node)
         if node is None:
-            tree[path] = _Node(is_dir, row, bool(archive), symlink)
+            tree[path] = _Node(is_dir, row, archive, symlink)
             tree[parent].children += 1
         elif is_dir or replaceable:
             if node.children and (not is_dir or archive or node.archive):
@@ -130,7 +134,7 @@ def replay(rows: Iterable[Row], stored_names: Optional[Dict[int, bytes]] = None)
                 node.children = 0
             node.is_dir = is_dir
             node.row = row
-            node.archive = bool(archive)
+            node.archive = archive
             node.symlink = symlink
             # (A folder replaced by a folder keeps its entries.)
     kept = {node.row for node in tree.values() if node.row and node.shown is None}
@@ -179,18 +183,32 @@ def _remove_shown(tree: Dict[bytes, _Node], placeholder: _Node) -> None:
         _remove(tree, shown, folder)
 
 
-def _find(tree: Dict[bytes, _Node], path: bytes) -> Tuple[Optional[_Node], bool]:
-    """The node at ``path`` as ``linkat`` resolves it: symbolic links to folders on the way are
-    followed when GNU tar made them at once (relative, without ``..``; others are placeholder
-    files until the end of the extraction). (None, True) when a name on the way is missing
-    (ENOENT), (None, False) when one is not a folder (ENOTDIR) or on a loop (ELOOP)."""
+def _below_archive_file(tree: Dict[bytes, _Node], folder: bytes, row: int) -> bool:
+    """Whether ``folder`` is, or is below, an archive's folder whose rows end before ``row``
+    (a file to tar -x)."""
+    while True:
+        node = tree.get(folder)
+        if node is not None and node.archive and row >= node.archive:
+            return True
+        if folder == ROOT:
+            return False
+        folder = parent_and_name(folder)[0]
+
+
+def _find(tree: Dict[bytes, _Node], path: bytes, row: int) -> Tuple[Optional[_Node], bool]:
+    """The node at ``path`` as ``linkat`` resolves it for the member ``row``: symbolic links to
+    folders on the way are followed when GNU tar made them at once (relative, without ``..``;
+    others are placeholder files until the end of the extraction), an archive's folder after
+    its rows is a file. (None, True) when a name on the way is missing (ENOENT), (None, False)
+    when one is not a folder (ENOTDIR) or on a loop (ELOOP)."""
     parts = [part for part in path.split(b"/") if part]
     current = ROOT
     index = hops = 0
     while index < len(parts):
         if parts[index] == b".":  # (kept by the scanner: the target must be a folder)
             if index == len(parts) - 1:
-                return tree.get(current), False
+                node = tree.get(current)
+                return (None if node is None or (node.archive and row >= node.archive) else node), False
             index += 1
             continue
         child = join_path(current, parts[index])
@@ -208,7 +226,7 @@ def _find(tree: Dict[bytes, _Node], path: bytes) -> Tuple[Optional[_Node], bool]
             parts = [part for part in resolved.split(b"/") if part] + parts[index + 1 :]
             current, index = ROOT, 0
             continue
-        if not node.is_dir:
+        if not node.is_dir or (node.archive and row >= node.archive):
             return None, False
         current, index = child, index + 1
     return tree[ROOT], False

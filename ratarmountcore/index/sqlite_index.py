@@ -7,6 +7,7 @@ The writer knows nothing about tar parsing and the reader nothing about building
 
 from __future__ import annotations
 
+import bisect
 import collections
 import itertools
 import logging
@@ -17,7 +18,7 @@ import struct
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..errors import InvalidIndexError, StaleIndexError
 from ..tar.scanner import KIND_DIR, KIND_HARDLINK, KIND_SYMLINK, MemberRecord
@@ -407,7 +408,7 @@ class IndexWriter:
         conflicts = (
             implicit is None
             or (duplicates is not None and not duplicates[0])
-            or self._archive_folder_named_twice(duplicates is not None)
+            or self._inner_archive_conflicts(duplicates is not None)
         )
         if conflicts or (self._has_hardlinks and not self._resolve_hardlinks()):
             self._replay_extraction(conflicts, implicit_dir_mtime_ns, implicit_uid, implicit_gid)  # (hard links too)
@@ -474,11 +475,11 @@ class IndexWriter:
             rows,
         )
 
-    def _archive_folder_named_twice(self, duplicates: bool) -> bool:
+    def _inner_archive_conflicts(self, duplicates: bool) -> bool:
         """Whether an inner archive's folder shares its name with another member (a newer copy
         of the archive, a folder; only asked when some name is ``duplicates``), or its own name
-        does when the folder has another: tar -x sees a file there, so only a replay tells what
-        stays."""
+        does when the folder has another, or a member after its rows is below it: tar -x sees
+        a file there, so only a replay tells what stays."""
         if not self._archive_folders:
             return False
         if duplicates:
@@ -488,11 +489,20 @@ class IndexWriter:
             )
             if any(row_id in self._archive_folders for (row_id,) in rows):
                 return True
-        query = "SELECT parent FROM files WHERE id = ?"
+        query = "SELECT parent, name FROM files WHERE id = ?"
         taken = "SELECT 1 FROM files WHERE parent = ? AND name = ? LIMIT 1"
+        inside = "SELECT 1 FROM files WHERE parent = ? AND id >= ? LIMIT 1"
+        below = "SELECT 1 FROM files WHERE parent >= ? AND parent < ? AND id >= ? LIMIT 1"
         for row_id, folder in self._archive_folders.items():
+            parent, name = self._conn.execute(query, (row_id,)).fetchone()
+            path = join_path(parent, name)
+            # ("/" < "0": the paths below path/ sort between path + "/" and path + "0".)
+            if (
+                self._conn.execute(inside, (path, folder.end)).fetchone()
+                or self._conn.execute(below, (path + b"/", path + b"0", folder.end)).fetchone()
+            ):
+                return True
             if folder.stored_name is not None:
-                (parent,) = self._conn.execute(query, (row_id,)).fetchone()
                 stored = join_path(parent, folder.stored_name)
                 if self._conn.execute(taken, (parent, folder.stored_name)).fetchone() or (
                     stored.decode("utf-8", "surrogateescape") in self._ancestors
@@ -579,9 +589,13 @@ class IndexWriter:
             "FROM files WHERE parent = ? AND name = ? AND id < ? ORDER BY id DESC LIMIT 1"
         )
         resolved: Dict[int, Tuple[Any, ...]] = {}
+        archive_end = _archive_ends(self._archive_folders)
         for row_id, linkname in links:
             row = conn.execute(query, (*split_path(linkname.decode("utf-8", "surrogateescape")), row_id)).fetchone()
             if row is None:
+                return False
+            end = archive_end(row[0])
+            if end is not None and end <= row_id:  # a member of an inner archive, a file by then
                 return False
             target = resolved.get(row[0], row[1:])  # (a link to an earlier link: that link's target)
             if target[0] == KIND_DIR:
@@ -741,6 +755,27 @@ class IndexReader:
     def seek_point_parts(self, backend: str) -> List[bytes]:
         rows = self._query("SELECT data FROM seek_points WHERE backend = ? ORDER BY part", (backend,))
         return [row[0] for row in rows]
+
+
+def _archive_ends(folders: Dict[int, "_ArchiveFolder"]) -> Callable[[int], Optional[int]]:
+    """For a row id, the end of the innermost inner archive that holds it (None: none)."""
+    starts = sorted(folders)
+    ends = [folders[start].end for start in starts]
+    enclosing: List[int] = []  # (the inner archives nest: the one each is in, or -1)
+    open_ones: List[int] = []
+    for i, start in enumerate(starts):
+        while open_ones and ends[open_ones[-1]] <= start:
+            open_ones.pop()
+        enclosing.append(open_ones[-1] if open_ones else -1)
+        open_ones.append(i)
+
+    def end_of(row_id: int) -> Optional[int]:
+        i = bisect.bisect_left(starts, row_id) - 1  # the last archive that starts before the row
+        while i >= 0 and ends[i] <= row_id:
+            i = enclosing[i]
+        return ends[i] if i >= 0 else None
+
+    return end_of
 
 
 @dataclass
