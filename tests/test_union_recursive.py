@@ -473,6 +473,22 @@ def test_a_truncated_inner_tar_never_reads_into_the_outer_archive(tmp_path: Path
         assert src.read("/next.txt") == b"Z" * 10_000
 
 
+@pytest.mark.parametrize("tool", [None, "gzip"])
+def test_a_damaged_inner_archive_of_which_nothing_could_be_read_is_the_file_it_is(
+    tmp_path: Path, tool: Optional[str]
+) -> None:
+    """An inner archive cut off before its first member's end (a tar's data, a gzip stream's
+    first deflate block) is shown as the file it is; it was an empty folder that hid its bytes."""
+    inner = tar_bytes({"big.bin": os.urandom(40_000), "small.txt": b"s"})
+    stored = (compress(inner, tool) if tool else inner)[:10_000]
+    name = "cut.tar.gz" if tool else "cut.tar"
+    (tmp_path / "outer.tar").write_bytes(tar_bytes({name: stored, "after.txt": b"after"}))
+    for _mount in range(2):
+        with ratarmountcore.open(str(tmp_path / "outer.tar"), OpenOptions(recursive=True)) as src:
+            assert src.info(f"/{name}").is_file and src.read(f"/{name}") == stored
+            assert src.read("/after.txt") == b"after"
+
+
 def _tar_of(path: Path, tree: Dict[str, object]) -> Path:
     """A tar of ``tree``: name -> bytes (a file), None (a folder), or ("link", target) (a hard link)."""
     import io

@@ -61,8 +61,8 @@ LIST_NAMES_AFTER_SQL = "SELECT name, mode, ino + 1 FROM files WHERE parent = ? A
 #: Build options that indexes written before they existed were built with.
 #: How what an index shows of archives inside the archive (-r) is decided; an index with such
 #: archives built by other rules is rebuilt (those without any serve as they are). 2: an
-#: archive's members are the rows its scan recorded, and its own name holds its file when its
-#: folder has another (session 22).
+#: archive's members are the rows its scan recorded, its own name holds its file when its folder
+#: has another, and a damaged one of which nothing could be read is a file (session 22).
 INNER_ARCHIVE_RULES = "2"
 
 OPTION_DEFAULTS = {"strip_tar_extension": "0", "inner_archive_rules": "1"}
@@ -329,6 +329,11 @@ class IndexWriter:
             stored_name = posixpath.basename(file.path).encode("utf-8", "surrogateescape")
         self._archive_folders[row_id] = _ArchiveFolder(file.mode, file.size, stored_name)
         return row_id
+
+    @property
+    def next_id(self) -> int:
+        """The row id the next ``add`` gives."""
+        return self._next_id
 
     def end_archive_folder(self, row_id: int) -> None:
         """The scan of the archive ``add_archive_folder`` added as ``row_id`` is done."""

@@ -175,7 +175,7 @@ def _scan(
             ctx.archives += 1
             inner = WindowReader(reader, record.offset_data - base, record.size)
             scan = functools.partial(_scan, ctx, inner, record.size, folder.path, record.offset_data, depth + 1, source)
-            _descend(ctx, record, scan)
+            _descend(ctx, record, scan, folder_id, folder.path, source)
             ctx.writer.end_archive_folder(folder_id)
         elif fmt in COMPRESSIONS:
             _index_compressed_member(ctx, record, fmt, depth, source)
@@ -184,12 +184,35 @@ def _scan(
             ctx.count += 1
 
 
-def _descend(ctx: _Context, record: MemberRecord, scan: Callable[[], None]) -> None:
+def _descend(
+    ctx: _Context, record: MemberRecord, scan: Callable[[], None], folder_id: int, folder: str, source: int
+) -> None:
+    """Scan the inner archive ``record`` shown as the folder ``folder`` (row ``folder_id``)."""
     try:
         scan()
     except ArchiveError as exc:
-        # Rows already added stay (they are correct); the rest of the inner archive is lost.
-        logger.warning("%s: inner archive %s is damaged (%s); showing what could be read", ctx.label, record.path, exc)
+        if ctx.writer.next_id > folder_id + 1:
+            # Rows already added stay (they are correct); the rest of the inner archive is lost.
+            logger.warning(
+                "%s: inner archive %s is damaged (%s); showing what could be read", ctx.label, record.path, exc
+            )
+            return
+        # Nothing could be read: an empty folder would hide the bytes that are there.
+        logger.warning(
+            "%s: inner archive %s is damaged (%s); nothing in it could be read, shown as a file",
+            ctx.label,
+            record.path,
+            exc,
+        )
+        _as_file(ctx, record, folder_id, folder, source)
+
+
+def _as_file(ctx: _Context, record: MemberRecord, folder_id: int, folder: str, source: int) -> None:
+    """Show the inner archive ``record`` as the file it is after all: forget its folder (row
+    ``folder_id``, path ``folder``) and what was found in it."""
+    ctx.writer.discard_from(folder_id, folder)
+    ctx.archives -= 1
+    ctx.writer.add(record, source)
 
 
 def _descend_compressed(
@@ -199,16 +222,14 @@ def _descend_compressed(
     stream's end) may have given any member read before wrong bytes: the archive is then shown
     as the file it is (its stored bytes are right), not as a folder."""
     try:
-        _descend(ctx, record, scan)
+        _descend(ctx, record, scan, folder_id, record.path, source)  # (compressed ones keep their names)
     except ArchiveChangedError:
         raise  # the outer archive, not the inner one
     except CorruptDataError as exc:
         logger.warning(
             "%s: inner archive %s has damaged compressed data (%s); shown as a file", ctx.label, record.path, exc
         )
-        ctx.writer.discard_from(folder_id, record.path)  # (compressed inner archives keep their names)
-        ctx.archives -= 1
-        ctx.writer.add(record, source)
+        _as_file(ctx, record, folder_id, record.path, source)
 
 
 def _index_compressed_member(ctx: _Context, record: MemberRecord, fmt: FormatId, depth: int, source: int) -> None:
