@@ -52,6 +52,18 @@ def test_path_errors_are_the_ones_the_os_gives(tmp_path: Path) -> None:
                 call("/d/missing")
         assert not src.exists("/secret/below") and not src.exists("/secret/") and src.exists("/d/")
         assert src.read(PurePosixPath("/d/f")) == b"file in d" and src.listdir(PurePosixPath("/d")) == ["f"]
+        # "." and ".." are taken as the OS takes them: after a folder only (they were dropped
+        # from the path before anything was looked up: /secret/../d/f read d/f)
+        for call in (src.stat, src.open, src.listdir):
+            with pytest.raises(NotADirectoryError):
+                call("/secret/../d")
+            with pytest.raises(NotADirectoryError):
+                call("/secret/./")
+            with pytest.raises(FileNotFoundError):
+                call("/missing/../d")
+        assert not src.exists("/secret/../d/f") and not src.is_dir("/missing/../d")
+        assert src.read("/d/../d/./f") == b"file in d" and src.listdir("/d/..") == ["d", "link", "secret"]
+        assert src.read("/../../secret") == b"SECRET CONTENT"  # (nothing above the root)
 
 
 def test_a_closed_member_file_refuses_everything(tmp_path: Path) -> None:

@@ -199,6 +199,19 @@ def test_a_member_named_like_a_versions_folder_is_that_member(tmp_path: Path) ->
         assert src.read("/y.versions/1") == b"1" and src.read("/y") == b"2"
 
 
+def test_no_versions_are_found_below_a_file(tmp_path: Path) -> None:
+    """A member below a name that is a file when tar meets it is not extracted, and its
+    versions are not found either (the API showed a/b.versions/1 below the file a, where the
+    kernel never asks: ENOTDIR through a mount)."""
+    archive = tmp_path / "below.tar"
+    _write(archive, [("a", "f"), ("a/b", "f")])
+    with ratarmountcore.open(str(archive), FRESH) as src:
+        assert src.info("/a").is_file and not src.exists("/a/b")
+        for path in ("/a/b.versions", "/a/b.versions/1", "/missing/b.versions", "/missing/b.versions/1"):
+            assert not src.exists(path), path
+        assert src.listdir("/a.versions") == ["1"]
+
+
 def test_versions_are_the_members_of_a_name(tmp_path: Path) -> None:
     """``b.versions`` lists the members named b: a file b that could not replace the folder tar
     made for ``b/c`` is version 1, and the made folder (no member) is none of them."""

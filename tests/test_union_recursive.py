@@ -368,6 +368,49 @@ def test_an_index_of_inner_archives_built_by_older_rules_is_rebuilt(tmp_path: Pa
         assert (index.stat().st_mtime_ns != built) == rebuilt, name
 
 
+@pytest.mark.parametrize("api", ["low", "high"])
+def test_a_union_shows_nothing_below_a_file_a_later_archive_only_implies_as_a_folder(
+    mounter: Mounter, tmp_path: Path, api: str
+) -> None:
+    """a.tar has a file f, b.tar only f/a: the implied folder replaces nothing, and f/a is not
+    the union's (tar -x of a, then b: "Not a directory"). The API found and read f/a below the
+    file, where the mount said ENOTDIR."""
+    (tmp_path / "a.tar").write_bytes(tar_bytes({"f": b"file"}))
+    (tmp_path / "b.tar").write_bytes(tar_bytes({"f/a": b"below", "g": b"g"}))
+    sources = [str(tmp_path / "a.tar"), str(tmp_path / "b.tar")]
+    with ratarmountcore.open(sources) as src:
+        assert src.read("/f") == b"file" and src.listdir("/") == ["f", "g"]
+        with pytest.raises(NotADirectoryError):
+            src.stat("/f/a")
+        assert not src.exists("/f/a.versions/1")
+    mnt = mounter.mount(*sources, extra=["--fuse-api", api])
+    assert (mnt / "f").read_bytes() == b"file" and sorted(os.listdir(mnt)) == ["f", "g"]
+    with pytest.raises(NotADirectoryError):
+        os.lstat(mnt / "f" / "a")
+
+
+@pytest.mark.parametrize("api", ["low", "high"])
+def test_versions_in_a_union_are_those_of_the_source_a_name_is_from(mounter: Mounter, tmp_path: Path, api: str) -> None:
+    """``PATH.versions`` lists the versions of the source that wins PATH, and its entries are
+    found there only: ``f.versions/2`` was x1's second version while the listing was x2's (and
+    ENOENT through the low-level mount after other lookups); versions of a name the union does
+    not show were found by lstat, then ESTALE to read."""
+    x1 = [("f", b"one"), ("f", b"two"), ("c", b"c"), ("c/x", b"hidden"), ("c/", None)]
+    (tmp_path / "x1.tar").write_bytes(_tar_in_order(x1))
+    (tmp_path / "x2.tar").write_bytes(_tar_in_order([("f", b"new")]))
+    sources = [str(tmp_path / "x1.tar"), str(tmp_path / "x2.tar")]
+    with ratarmountcore.open(sources) as src:
+        assert src.listdir("/f.versions") == ["1"] and src.read("/f.versions/1") == b"new"
+        assert not src.exists("/f.versions/2") and not src.exists("/c/x") and not src.exists("/c/x.versions/1")
+        assert src.listdir("/c") == [] and src.listdir("/c.versions") == ["1", "2"]
+    mnt = mounter.mount(*sources, extra=["--fuse-api", api])
+    assert (mnt / "f.versions" / "1").read_bytes() == b"new"
+    for missing in ("f.versions/2", "f.versions/0", "c/x.versions/1", "f.versions/2", "c/x.versions/1"):
+        with pytest.raises(FileNotFoundError):  # (again: the folder's rows answer later lookups)
+            os.lstat(mnt / missing)
+    assert os.listdir(mnt / "f.versions") == ["1"] and (mnt / "c.versions" / "1").read_bytes() == b"c"
+
+
 def test_strip_tar_extension_through_fuse(mounter: Mounter, tmp_path: Path) -> None:
     expected = make_nested(tmp_path)
     mnt = mounter.mount(tmp_path / "outer.tar", extra=["-r", "--strip-tar-extension"])

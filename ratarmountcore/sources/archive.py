@@ -33,6 +33,7 @@ from ..io.readers import MemberFile, PlainFileReader, RandomAccessReader, will_n
 from ..options import CompressionOptions, OpenOptions
 from ..tar.indexing import NamespacedSeekPoints, index_tar, open_nested_compressed
 from ..tar.sample import tell_member_size
+from ..tar.scanner import KIND_DIR
 from .base import VERSIONS_SUFFIX, FileInfo, MountSource, NameRow, StatRow
 from .renewal import RenewedAfterFork, RenewReader
 from .watch import ArchiveWatch
@@ -168,8 +169,11 @@ class ArchiveSource(RenewedAfterFork, MountSource):
         return self._lookup_version(parent, name)
 
     def _lookup_version(self, parent: bytes, name: bytes) -> Optional[FileInfo]:
-        """``PATH.versions`` (a folder) and ``PATH.versions/N`` (the N-th member named PATH)."""
+        """``PATH.versions`` (a folder) and ``PATH.versions/N`` (the N-th member named PATH),
+        in a folder the tree shows (not below a file: the kernel never asks there)."""
         if name.endswith(VERSIONS_SUFFIX):
+            if not self._is_folder(parent):
+                return None
             versions = self._index.versions(parent, name[: -len(VERSIONS_SUFFIX)])
             if not versions:
                 return None
@@ -187,11 +191,20 @@ class ArchiveSource(RenewedAfterFork, MountSource):
             if self._index.lookup(*split_path(_decode(parent))) is not None:
                 return None  # a member of that name (a file, or a folder without this entry)
             grand, base = split_path(_decode(parent[: -len(VERSIONS_SUFFIX)]))
+            if not self._is_folder(grand):
+                return None
             versions = self._index.versions(grand, base)
             number = int(name)
             if 1 <= number <= len(versions) and str(number).encode() == name:
                 return _version_info(versions[number - 1])
         return None
+
+    def _is_folder(self, path: bytes) -> bool:
+        """Whether ``path`` is the root or a folder the tree shows (no lookup of versions)."""
+        if path == b"/":
+            return True
+        row = self._index.lookup(*split_path(_decode(path)))
+        return row is not None and row[3] == KIND_DIR
 
     def by_ino(self, ino: int) -> Optional[Tuple[str, FileInfo]]:
         if self._generation != forks.generation:

@@ -215,11 +215,33 @@ class MountSource(ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _os_path(self, text: str) -> str:
+        """``normalize(text)``, with "." and ".." taken as the OS takes them: the name before
+        them must be a folder (ENOTDIR, ENOENT), not dropped unseen (``a/../b`` is no ``b`` when
+        ``a`` is a file)."""
+        parts = text.split("/")
+        if "." not in parts and ".." not in parts:
+            return normalize(text)
+        kept: List[str] = []
+        for part in parts:
+            if part in (".", ".."):
+                if kept:
+                    info = self.lookup("/" + "/".join(kept))
+                    if info is None:
+                        raise NotFoundError(2, "No such file or directory", text)
+                    if not info.is_dir:
+                        raise NotADirectoryRatarmountError(20, "Not a directory", text)
+                    if part == "..":
+                        kept.pop()
+            elif part:
+                kept.append(part)
+        return "/" + "/".join(kept)
+
     def _require(self, path: "str | os.PathLike[str]") -> FileInfo:
         """The entry at ``path``, or the error the OS would give: ENOENT, or ENOTDIR when the
         path goes on below (or ends in a slash after) something that is not a folder."""
         text = os.fspath(path)
-        found = normalize(text)
+        found = self._os_path(text)
         info = self.lookup(found)
         if info is not None:
             if text.endswith("/") and found != "/" and not info.is_dir:
@@ -237,7 +259,10 @@ class MountSource(ABC):
 
     def exists(self, path: "str | os.PathLike[str]") -> bool:
         text = os.fspath(path)
-        found = normalize(text)
+        try:
+            found = self._os_path(text)
+        except (NotFoundError, NotADirectoryRatarmountError):
+            return False
         info = self.lookup(found)
         # (No walk up a missing path: which error it would be does not matter here.)
         return info is not None and (info.is_dir or not text.endswith("/") or found == "/")
@@ -249,11 +274,14 @@ class MountSource(ABC):
         return self._require(path)
 
     def is_dir(self, path: str) -> bool:
-        info = self.lookup(normalize(path))
+        try:
+            info = self.lookup(self._os_path(path))
+        except (NotFoundError, NotADirectoryRatarmountError):
+            return False
         return info is not None and info.is_dir
 
     def listdir(self, path: "str | os.PathLike[str]" = "/") -> List[str]:
-        entries = self.list_entries(normalize(os.fspath(path)))
+        entries = self.list_entries(self._os_path(os.fspath(path)))
         if entries is None:
             self._require(path)
             raise NotADirectoryRatarmountError(20, "Not a directory", os.fspath(path))
@@ -282,7 +310,10 @@ class MountSource(ABC):
 
     def walk(self, top: str = "/") -> Iterable[Tuple[str, List[str], List[str]]]:
         """Like ``os.walk`` (top-down, no symlink following)."""
-        stack = [normalize(top)]
+        try:
+            stack = [self._os_path(top)]
+        except (NotFoundError, NotADirectoryRatarmountError):
+            return  # (as os.walk: nothing)
         while stack:
             folder = stack.pop()
             entries = self.list_entries(folder) or []

@@ -44,7 +44,8 @@ logger = logging.getLogger(__name__)
 _S_IFMT = 0o170000
 #: A path component naming an entry's versions (``PATH.versions/``).
 _VERSIONS_PART = VERSIONS_SUFFIX.decode() + "/"
-UNION_FORMAT = "6"  # 5: a folder replaced by a file takes its entries with it; 6: ``implied``
+UNION_FORMAT = "7"  # 5: a folder replaced by a file takes its entries with it; 6: ``implied``;
+# 7: nothing below an earlier source's file that a later source only implies as a folder
 #: A folder's rows from the union table (``StatRow`` fields) after a name, in name order.
 _STAT_ROWS_SQL = (
     "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev FROM entries "
@@ -187,6 +188,18 @@ class UnionSource(MountSource):
                 # (``implied``: a folder source before this one that has the name wins it.)
                 conn.execute(f"INSERT OR REPLACE INTO entries {columns} {select} != ?", (IMPLICIT, IMPLICIT))
                 conn.execute(f"INSERT OR IGNORE INTO entries {columns} {select} = ?", (IMPLICIT, IMPLICIT))
+                # A folder only implied where an earlier source has a file, link or device: its
+                # members are not the union's (tar -x of one source after the other: "Not a
+                # directory"), as below a folder source's file (``_hides``).
+                _drop_below(
+                    conn,
+                    conn.execute(
+                        "SELECT e.parent, e.name FROM entries e JOIN src.files f ON f.parent = e.parent AND "
+                        f"f.name = e.name WHERE f.latest = 1 AND f.offset_header = ? AND e.mode & {_S_IFMT} != "
+                        f"{stat.S_IFDIR}",
+                        (IMPLICIT,),
+                    ).fetchall(),
+                )
                 conn.execute("DETACH DATABASE src")
             else:
                 rows: List[Tuple[object, ...]] = []
@@ -261,22 +274,20 @@ class UnionSource(MountSource):
             info = self.sources[number].lookup(path)
             if info is not None:
                 return self._wrap(number, info)
-        # Not in the union table: a PATH.versions folder or version (no index lists them), or a
-        # path a folder source gained after the table was made. In a union of archives nothing
-        # else is missing from the table: a miss is one query, not one per source. Nothing is
-        # found below a name the union shows as something else than a folder.
-        if self._immutable and _VERSIONS_PART not in path + "/":
+        # Not in the union table: a PATH.versions folder or version (no index lists them). In a
+        # union of archives nothing else is missing from the table: a miss is one query, not
+        # one per source.
+        return self._lookup_versions(path) if _VERSIONS_PART in path + "/" else None
+
+    def _lookup_versions(self, path: str) -> Optional[FileInfo]:
+        """``PATH.versions`` or ``PATH.versions/N``: those of the source the union shows ``PATH``
+        from (none for a name it does not show, or shows from a folder source: a folder keeps no
+        versions), so that a listing and the lookups of its entries agree."""
+        owner = self.lookup((path + "/").rpartition(_VERSIONS_PART)[0])
+        if owner is None or owner.locator is None or owner.locator.source in self._mutable:
             return None
-        parent = path.rpartition("/")[0] or "/"
-        if parent != "/":
-            above = self.lookup(parent)
-            if above is None or not above.is_dir:
-                return None
-        for number in range(len(self.sources) - 1, -1, -1):
-            info = self.sources[number].lookup(path)
-            if info is not None:
-                return self._wrap(number, info)
-        return None
+        info = self.sources[owner.locator.source].lookup(path)
+        return None if info is None else self._wrap(owner.locator.source, info)
 
     def _lookup_live(self, path: str) -> Optional[FileInfo]:
         """``lookup`` in a union with sources that may change: below a folder of the union, the
@@ -304,14 +315,7 @@ class UnionSource(MountSource):
             info = self.sources[number].lookup(path)
             if info is not None:
                 return self._wrap(number, info)
-        if _VERSIONS_PART in path + "/":  # (no index lists them): those of the source the name is from
-            owner = self.lookup((path + "/").rpartition(_VERSIONS_PART)[0])
-            if owner is None or owner.locator is None or owner.locator.source in self._mutable:
-                return None  # (a folder keeps no versions)
-            info = self.sources[owner.locator.source].lookup(path)
-            if info is not None:
-                return self._wrap(owner.locator.source, info)
-        return None
+        return self._lookup_versions(path) if _VERSIONS_PART in path + "/" else None
 
     def _hides(self, number: int, folder: str) -> bool:
         """Whether source ``number`` has something other than a folder at ``folder`` or above it:
