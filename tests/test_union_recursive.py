@@ -228,6 +228,8 @@ _INNER = [("a.txt", b"inner")]
             {"/sub/f": b"f", "/sub/g": b"g", "/z": b"z"},
             False,
         ),
+        # ... also a folder tar made for the members below it (the archive was merged into it)
+        ([("sub/x", b"x"), ("sub", _INNER), ("z", b"z")], {"/sub/x": b"x", "/z": b"z"}, False),
         # the outer archive's members after an archive's find a file there: nothing below it
         # (they were shown in its folder), no hard link through it
         ([("sub", _INNER), ("sub/x/", None), ("sub/a.txt", b"outer")], {"/sub/a.txt": b"inner"}, False),

@@ -216,6 +216,10 @@ class IndexWriter:
         self._has_hardlinks = False
         #: Rows of folders that stand for archives inside the archive (``-r``).
         self._archive_folders: Dict[int, _ArchiveFolder] = {}
+        #: The paths of those whose scan is done: a file to tar -x for the members after them.
+        self._closed_archives: Set[str] = set()
+        #: Whether a member not its own is below such a folder (before it, or after its rows).
+        self._archive_conflict = False
         self._count = 0
         self._committed = False
 
@@ -250,6 +254,8 @@ class IndexWriter:
                 parent = parent_str.encode("utf-8", "surrogateescape")
                 self._last_parent = parent_str
                 self._last_parent_bytes = parent
+                if self._closed_archives and not self._archive_conflict:
+                    self._archive_conflict = _is_in(parent_str, self._closed_archives)
                 while parent_str != "/" and parent_str not in self._ancestors:
                     self._ancestors.add(parent_str)
                     parent_str = parent_str.rpartition("/")[0] or "/"
@@ -323,11 +329,13 @@ class IndexWriter:
     def add_archive_folder(self, record: MemberRecord, source: int, file: MemberRecord) -> int:
         """``add`` for the folder that shows an archive inside the archive (``-r``); ``file``:
         the member as it is stored. The rows added until ``end_archive_folder`` are its members."""
+        if record.path in self._ancestors:  # (tar made a folder there for earlier members)
+            self._archive_conflict = True
         row_id = self.add(record, source)
         stored_name = None
         if file.path != record.path:  # (--strip-tar-extension)
             stored_name = posixpath.basename(file.path).encode("utf-8", "surrogateescape")
-        self._archive_folders[row_id] = _ArchiveFolder(file.mode, file.size, stored_name)
+        self._archive_folders[row_id] = _ArchiveFolder(record.path, file.mode, file.size, stored_name)
         return row_id
 
     @property
@@ -340,6 +348,8 @@ class IndexWriter:
         folder = self._archive_folders.get(row_id)
         if folder is not None:  # (else discarded)
             folder.end = self._next_id
+            self._closed_archives.add(folder.path)
+            self._last_parent = ""  # (the next member's folder is looked at again, see ``add``)
 
     def discard_from(self, row_id: int, path: str) -> None:
         """Forget the rows from ``row_id`` on: an inner archive's folder ``path`` and what was
@@ -352,6 +362,7 @@ class IndexWriter:
             if int(backend.rpartition("@")[2]) >= row_id:
                 conn.execute("DELETE FROM seek_points WHERE backend = ?", (backend,))
         self._archive_folders = {i: folder for i, folder in self._archive_folders.items() if i < row_id}
+        self._closed_archives = {folder.path for folder in self._archive_folders.values() if folder.end}
         below = path + "/"
         self._explicit_dirs = {p for p in self._explicit_dirs if p != path and not p.startswith(below)}
         self._ancestors = {p for p in self._ancestors if p != path and not p.startswith(below)}
@@ -483,8 +494,8 @@ class IndexWriter:
     def _inner_archive_conflicts(self, duplicates: bool) -> bool:
         """Whether an inner archive's folder shares its name with another member (a newer copy
         of the archive, a folder; only asked when some name is ``duplicates``), or its own name
-        does when the folder has another, or a member after its rows is below it: tar -x sees
-        a file there, so only a replay tells what stays."""
+        does when the folder has another, or a member not its own is below it: tar -x sees a
+        file there, so only a replay tells what stays."""
         if not self._archive_folders:
             return False
         if duplicates:
@@ -494,22 +505,14 @@ class IndexWriter:
             )
             if any(row_id in self._archive_folders for (row_id,) in rows):
                 return True
-        query = "SELECT parent, name FROM files WHERE id = ?"
+        if self._archive_conflict:
+            return True
         taken = "SELECT 1 FROM files WHERE parent = ? AND name = ? LIMIT 1"
-        inside = "SELECT 1 FROM files WHERE parent = ? AND id >= ? LIMIT 1"
-        below = "SELECT 1 FROM files WHERE parent >= ? AND parent < ? AND id >= ? LIMIT 1"
-        for row_id, folder in self._archive_folders.items():
-            parent, name = self._conn.execute(query, (row_id,)).fetchone()
-            path = join_path(parent, name)
-            # ("/" < "0": the paths below path/ sort between path + "/" and path + "0".)
-            if (
-                self._conn.execute(inside, (path, folder.end)).fetchone()
-                or self._conn.execute(below, (path + b"/", path + b"0", folder.end)).fetchone()
-            ):
-                return True
+        for folder in self._archive_folders.values():
             if folder.stored_name is not None:
-                stored = join_path(parent, folder.stored_name)
-                if self._conn.execute(taken, (parent, folder.stored_name)).fetchone() or (
+                parent_str = folder.path.rpartition("/")[0] or "/"
+                stored = join_path(encode(parent_str), folder.stored_name)
+                if self._conn.execute(taken, (encode(parent_str), folder.stored_name)).fetchone() or (
                     stored.decode("utf-8", "surrogateescape") in self._ancestors
                 ):
                     return True
@@ -787,6 +790,7 @@ def _archive_ends(folders: Dict[int, "_ArchiveFolder"]) -> Callable[[int], Optio
 class _ArchiveFolder:
     """A folder that stands for an archive inside the archive (``-r``)."""
 
+    path: str
     #: The member's own mode and size (a hard link to it is a link to the file to tar -x).
     mode: int
     size: int
@@ -794,3 +798,12 @@ class _ArchiveFolder:
     stored_name: Optional[bytes]
     #: The id after the rows of its members (set when its scan is done).
     end: int = 0
+
+
+def _is_in(path: str, folders: Set[str]) -> bool:
+    """Whether ``path`` is one of ``folders`` or below one."""
+    while path not in folders:
+        if path == "/":
+            return False
+        path = path.rpartition("/")[0] or "/"
+    return True
