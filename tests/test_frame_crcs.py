@@ -4,6 +4,7 @@ and never returns wrong bytes; frames that check themselves need no table."""
 
 from __future__ import annotations
 
+import errno
 import lzma
 import os
 import random
@@ -27,6 +28,7 @@ from ratarmountcore.compression.xz import XzReader
 from ratarmountcore.compression.zstd import ZstdReader
 from ratarmountcore.convert import convert_to_seekable_zstd
 from ratarmountcore.errors import InvalidIndexError
+from ratarmountcore.index.fingerprint import SAMPLE, SAMPLES
 from ratarmountcore.options import IndexOptions, OpenOptions
 
 #: Frames above this are streamed in these tests (a stand-in for 32 MiB and more).
@@ -55,6 +57,42 @@ def xz_blocks(plain: bytes, check: int) -> bytes:
 def xz_cli_blocks(plain: bytes, check: str) -> bytes:
     command = ["xz", "-1", f"--check={check}", "--block-size=128KiB", "-c"]
     return subprocess.run(command, input=plain, capture_output=True, check=True).stdout
+
+
+def test_a_frame_whose_checksum_flag_was_cleared_is_damaged(tmp_path: Path) -> None:
+    """A frame recorded as checking itself gets no block checksums of ours; the decoder checks
+    what the frame's header says. Its checksum flag cleared (and a data bit flipped) after the
+    index was built: the frame's bytes were served wrong without an error (found by fuzzing)."""
+    rng = random.Random(3)
+    members = {f"m{i:03}": rng.randbytes(3000).hex().encode() for i in range(200)}  # (1.2 MB)
+    plain = tar_bytes(members)
+    archive = tmp_path / "f.tar.zst"
+    archive.write_bytes(zstd_frames(plain, 64 * 1024, checksum=True))
+    with ratarmountcore.open(str(archive), options()) as source:
+        assert all(source.read("/" + name) == data for name, data in members.items())
+    index = Path(f"{archive}.index.sqlite")
+    built = index.stat().st_mtime_ns
+    raw = bytearray(archive.read_bytes())
+    step = (len(raw) - SAMPLE) // (SAMPLES - 1)
+    frame = next(  # the first frame but one whose changes leave the index in use (not sampled)
+        offset
+        for offset in (len(zstd_frames(plain[: k * 64 * 1024], 64 * 1024, True)) for k in range(1, 18))
+        if all(position % step >= SAMPLE for position in (offset + 4, offset + 200))
+    )
+    raw[frame + 4] &= ~0x04  # its Frame_Header_Descriptor: no Content_Checksum
+    raw[frame + 200] ^= 0x10  # and a bit of its data
+    mtime = archive.stat().st_mtime_ns
+    archive.write_bytes(bytes(raw))
+    os.utime(archive, ns=(mtime, mtime))
+    failed = 0
+    with ratarmountcore.open(str(archive), options()) as source:
+        for name, data in members.items():
+            try:
+                assert source.read("/" + name) == data, f"{name}: wrong bytes"
+            except OSError as exc:
+                assert exc.errno == errno.EIO
+                failed += 1
+    assert failed and index.stat().st_mtime_ns == built
 
 
 def stored_table(archive: Path, backend: str, frame_sizes: List[int]) -> FrameCrcs:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import array
 import logging
 import os
+import zlib
 from typing import Callable, List, Optional, Sequence, Union
 
 from ..errors import CorruptDataError
@@ -175,12 +176,15 @@ class CrcCollector:
 
 class CrcScan:
     """The first pass's reader with the table built on the way: every decompressed byte goes
-    through the collector once, in order, including the data a scan skips (read instead)."""
+    through the collector once, in order, including the data a scan skips (read instead).
+    ``whole_crc32``: also the CRC-32 of the whole stream (``crc32``), as gzip's trailer has it,
+    for a pass whose decoder may not check it itself."""
 
-    def __init__(self, inner: RandomAccessReader, collector: CrcCollector) -> None:
+    def __init__(self, inner: RandomAccessReader, collector: CrcCollector, whole_crc32: bool = False) -> None:
         self.inner = inner
         self.collector = collector
         self.ended = False
+        self.crc32: Optional[int] = 0 if whole_crc32 else None
 
     def pread(self, offset: int, size: int) -> bytes:
         collector = self.collector
@@ -189,7 +193,7 @@ class CrcScan:
         data = self.inner.pread(offset, size)
         start = collector.position - offset
         if 0 <= start < len(data):
-            collector.feed(data[start:])
+            self._feed(memoryview(data)[start:] if start else data)
         return data
 
     def _feed_next(self, size: int) -> None:
@@ -197,7 +201,12 @@ class CrcScan:
         if not piece:
             self.ended = True
             return
-        self.collector.feed(piece)
+        self._feed(piece)
+
+    def _feed(self, data: Buffer) -> None:
+        self.collector.feed(data)
+        if self.crc32 is not None:
+            self.crc32 = zlib.crc32(data, self.crc32)
 
     @property
     def size(self) -> int:

@@ -17,6 +17,7 @@ import weakref
 from abc import abstractmethod
 from typing import Any, Callable, ClassVar, List, Optional, Tuple, Union
 
+from ..errors import CorruptDataError, TruncatedArchiveError
 from ..io import forks
 from ..io.proc_io import ReadCounter
 from ..options import CompressionOptions
@@ -213,7 +214,13 @@ class PooledReader(CompressedReader):
         with self._finish_lock:
             if not slot.complete or self._size is None:
                 with self.data_errors():
-                    size = self._finish(slot.instance)
+                    try:
+                        size = self._finish(slot.instance)
+                    except TruncatedArchiveError as exc:
+                        if self._size is None:
+                            raise  # the first pass: the archive is truncated
+                        # A read: the data ends before the end the index records (an OSError).
+                        raise CorruptDataError(f"{exc} (the index records {self._size} bytes)") from exc
                 slot.complete = True
                 slot.position = -1  # unknown: seek before the next read
                 if self._size is not None and self._size != size:

@@ -225,6 +225,13 @@ class ZstdReader(FramedReader):
         data = self.raw_pread(table.comp_offsets[frame], table.comp_sizes[frame])
         if len(data) != table.comp_sizes[frame]:
             raise TruncatedArchiveError(f"{self.path}: zstd data is truncated (frame {frame})")
+        if table.aux[frame] == 1 and not data[4] & 0x04:
+            # The decoder checks what the header says: a frame recorded as checking itself (so
+            # no CRC-32C table of ours) whose Content_Checksum_flag was cleared since checks nothing.
+            raise CorruptDataError(
+                f"{self.path}: corrupt zstd frame header at byte {table.comp_offsets[frame]} "
+                "(its checksum flag changed since the index was built)"
+            )
         return self._decompressor().decompress(data, max_output_size=table.decomp_sizes[frame])  # type: ignore[no-any-return]
 
     def _open_stream(self, frame: int, table: FrameTable) -> FrameStream:

@@ -218,18 +218,17 @@ def _as_file(ctx: _Context, record: MemberRecord, folder_id: int, folder: str, s
 def _descend_compressed(
     ctx: _Context, record: MemberRecord, scan: Callable[[], None], folder_id: int, source: int
 ) -> None:
-    """``_descend`` into a compressed inner archive. Data that fails its checks (a CRC at the
-    stream's end) may have given any member read before wrong bytes: the archive is then shown
-    as the file it is (its stored bytes are right), not as a folder."""
+    """Scan a compressed inner archive. One whose scan fails in any way is shown as the file it
+    is (its stored bytes are right): what was read before the failure was never checked against
+    the stream's checksums, which come at its end (a damaged tail of zeros decodes to garbage
+    that the tar parser trips over, after members that reach into it were listed)."""
     try:
-        _descend(ctx, record, scan, folder_id, record.path, source)  # (compressed ones keep their names)
+        scan()
     except ArchiveChangedError:
         raise  # the outer archive, not the inner one
-    except CorruptDataError as exc:
-        logger.warning(
-            "%s: inner archive %s has damaged compressed data (%s); shown as a file", ctx.label, record.path, exc
-        )
-        _as_file(ctx, record, folder_id, record.path, source)
+    except (ArchiveError, CorruptDataError) as exc:
+        logger.warning("%s: inner archive %s is damaged (%s); shown as a file", ctx.label, record.path, exc)
+        _as_file(ctx, record, folder_id, record.path, source)  # (compressed ones keep their names)
 
 
 def _index_compressed_member(ctx: _Context, record: MemberRecord, fmt: FormatId, depth: int, source: int) -> None:
