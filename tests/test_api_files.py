@@ -59,6 +59,8 @@ def test_path_errors_are_the_ones_the_os_gives(tmp_path: Path) -> None:
                 call("/secret/../d")
             with pytest.raises(NotADirectoryError):
                 call("/secret/./")
+            with pytest.raises(NotADirectoryError):  # (ENOTDIR at the file, as the kernel says)
+                call("/secret/missing/..")
             with pytest.raises(FileNotFoundError):
                 call("/missing/../d")
         assert not src.exists("/secret/../d/f") and not src.is_dir("/missing/../d")

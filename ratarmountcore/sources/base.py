@@ -226,9 +226,12 @@ class MountSource(ABC):
         for part in parts:
             if part in (".", ".."):
                 if kept:
-                    info = self.lookup("/" + "/".join(kept))
-                    if info is None:
-                        raise NotFoundError(2, "No such file or directory", text)
+                    try:
+                        info = self._require("/" + "/".join(kept))  # (ENOENT, or ENOTDIR below a file)
+                    except NotFoundError:
+                        raise NotFoundError(2, "No such file or directory", text) from None
+                    except NotADirectoryRatarmountError:
+                        raise NotADirectoryRatarmountError(20, "Not a directory", text) from None
                     if not info.is_dir:
                         raise NotADirectoryRatarmountError(20, "Not a directory", text)
                     if part == "..":
