@@ -651,6 +651,30 @@ def test_a_folder_only_implied_by_a_later_archive_replaces_nothing_of_a_folder_s
         assert listed["other"].is_symlink and stat.S_IMODE(listed["sub"].mode) == 0o700
 
 
+@pytest.mark.parametrize("api", ["low", "high"])
+def test_folder_sources_around_an_archive_see_what_it_replaces(mounter: Mounter, tmp_path: Path, api: str) -> None:
+    """A folder source's entries below a name a later archive has as a file are not the
+    union's, also where a still later folder source has the folder again; an archive that only
+    implies a folder where a folder source before it has one adds its members to it. Both as
+    with archives in the folder sources' places (found by fuzzing the mount against the API)."""
+    (tmp_path / "f0" / "x").mkdir(parents=True)
+    (tmp_path / "f0" / "x" / "a").write_bytes(b"a")
+    (tmp_path / "t.tar").write_bytes(tar_bytes({"x": b"file x", "c": b"file c"}))
+    (tmp_path / "f2" / "x").mkdir(parents=True)
+    (tmp_path / "f2" / "x" / "b").write_bytes(b"b")
+    (tmp_path / "f2" / "c").mkdir()
+    (tmp_path / "f2" / "c" / "x").write_bytes(b"cx")
+    (tmp_path / "b.tar").write_bytes(tar_bytes({"c/b": b"cb"}))
+    sources = [tmp_path / "f0", tmp_path / "t.tar", tmp_path / "f2", tmp_path / "b.tar"]
+    expected = {"/x": ["b"], "/c": ["b", "x"]}
+    with ratarmountcore.open([str(path) for path in sources]) as src:
+        assert {folder: src.listdir(folder) for folder in expected} == expected
+        assert not src.exists("/x/a") and src.read("/c/b") == b"cb"
+    mnt = mounter.mount(*sources, extra=["--fuse-api", api])
+    assert {folder: sorted(os.listdir(f"{mnt}{folder}")) for folder in expected} == expected
+    assert not os.path.exists(mnt / "x" / "a") and (mnt / "c" / "b").read_bytes() == b"cb"
+
+
 def test_a_removed_name_never_opens_the_file_that_got_its_inode_number(mounter: Mounter, tmp_path: Path) -> None:
     """ext4 gives a freed inode number to the next new file at once: a name the kernel still
     caches for a deleted file must not lead to the new file that got its number (the node is

@@ -190,16 +190,18 @@ class UnionSource(MountSource):
                 conn.execute(f"INSERT OR IGNORE INTO entries {columns} {select} = ?", (IMPLICIT, IMPLICIT))
                 # A folder only implied where an earlier source has a file, link or device: its
                 # members are not the union's (tar -x of one source after the other: "Not a
-                # directory"), as below a folder source's file (``_hides``).
-                _drop_below(
-                    conn,
-                    conn.execute(
-                        "SELECT e.parent, e.name FROM entries e JOIN src.files f ON f.parent = e.parent AND "
-                        f"f.name = e.name WHERE f.latest = 1 AND f.offset_header = ? AND e.mode & {_S_IFMT} != "
-                        f"{stat.S_IFDIR}",
-                        (IMPLICIT,),
-                    ).fetchall(),
-                )
+                # directory"), as below a folder source's file (``_hides``). With folder sources,
+                # one between them may have that folder: lookups check the parent instead.
+                if not self._mutable:
+                    _drop_below(
+                        conn,
+                        conn.execute(
+                            "SELECT e.parent, e.name FROM entries e JOIN src.files f ON f.parent = e.parent AND "
+                            f"f.name = e.name WHERE f.latest = 1 AND f.offset_header = ? AND e.mode & {_S_IFMT} != "
+                            f"{stat.S_IFDIR}",
+                            (IMPLICIT,),
+                        ).fetchall(),
+                    )
                 conn.execute("DETACH DATABASE src")
             else:
                 rows: List[Tuple[object, ...]] = []
@@ -298,8 +300,9 @@ class UnionSource(MountSource):
             if above is None or not above.is_dir:
                 return None
         number, implied = self._winner(path)
+        hidden = self._table_hides(parent)
         for mutable in reversed(self._mutable):
-            if number is not None and mutable < number:
+            if (number is not None and mutable < number) or mutable < hidden:
                 break
             info = self.sources[mutable].lookup(path)
             if info is not None:
@@ -307,7 +310,7 @@ class UnionSource(MountSource):
             if self._hides(mutable, parent):
                 return None  # what earlier sources have below ``parent`` is not the union's
         if number is not None and implied:  # replaces nothing a folder source before it has
-            for mutable in reversed([m for m in self._mutable if m < number]):
+            for mutable in reversed([m for m in self._mutable if hidden < m < number]):
                 info = self.sources[mutable].lookup(path)
                 if info is not None:
                     return self._wrap(mutable, info)
@@ -316,6 +319,20 @@ class UnionSource(MountSource):
             if info is not None:
                 return self._wrap(number, info)
         return self._lookup_versions(path) if _VERSIONS_PART in path + "/" else None
+
+    def _table_hides(self, folder: str) -> int:
+        """The archive whose file, link or device the union table has at ``folder`` or above it
+        (-1: none): what the sources before it have below is not the union's, folder sources'
+        too (the table dropped the archives' own, ``_drop_below``)."""
+        above = ""
+        for part in folder.strip("/").split("/") if folder != "/" else []:
+            above += "/" + part
+            rows = self._query("SELECT source, mode FROM entries WHERE parent = ? AND name = ?", split_path(above))
+            if not rows:
+                return -1
+            if rows[0][1] & _S_IFMT != stat.S_IFDIR:
+                return int(rows[0][0])
+        return -1
 
     def _hides(self, number: int, folder: str) -> bool:
         """Whether source ``number`` has something other than a folder at ``folder`` or above it:
@@ -343,9 +360,10 @@ class UnionSource(MountSource):
         of a name in several, the last source's. Within the table's part (up to its last name
         when it filled ``limit``), so that the next part, after the last name returned, follows
         on without a gap."""
-        # The last folder source that hides what sources before it have here (-1: none); then
-        # the table's part is read whole (rare), as a part of it may be all hidden.
-        hidden = max((m for m in self._mutable if self._hides(m, path)), default=-1)
+        # The last source that hides what sources before it have here (a folder source's or the
+        # table's file above; -1: none); then the table's part is read whole (rare), as a part
+        # of it may be all hidden.
+        hidden = max([m for m in self._mutable if self._hides(m, path)] + [self._table_hides(path)])
         part = limit if hidden < 0 else -1
         table = self._query(_SOURCE_ROWS_SQL, (encode(path), after or b"", part))
         merged: Dict[bytes, Tuple[StatRow, int]] = {
