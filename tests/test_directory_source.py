@@ -655,24 +655,33 @@ def test_a_folder_only_implied_by_a_later_archive_replaces_nothing_of_a_folder_s
 def test_folder_sources_around_an_archive_see_what_it_replaces(mounter: Mounter, tmp_path: Path, api: str) -> None:
     """A folder source's entries below a name a later archive has as a file are not the
     union's, also where a still later folder source has the folder again; an archive that only
-    implies a folder where a folder source before it has one adds its members to it. Both as
+    implies a folder where a folder source before it has one adds its members to it; an
+    archive's file replaced by a later archive's folder still hid what came before it. All as
     with archives in the folder sources' places (found by fuzzing the mount against the API)."""
-    (tmp_path / "f0" / "x").mkdir(parents=True)
-    (tmp_path / "f0" / "x" / "a").write_bytes(b"a")
-    (tmp_path / "t.tar").write_bytes(tar_bytes({"x": b"file x", "c": b"file c"}))
+    for name in ("x", "y"):
+        (tmp_path / "f0" / name).mkdir(parents=True)
+        (tmp_path / "f0" / name / "a").write_bytes(b"a")
+    (tmp_path / "t.tar").write_bytes(tar_bytes({"x": b"file x", "c": b"file c", "y": b"file y"}))
     (tmp_path / "f2" / "x").mkdir(parents=True)
     (tmp_path / "f2" / "x" / "b").write_bytes(b"b")
     (tmp_path / "f2" / "c").mkdir()
     (tmp_path / "f2" / "c" / "x").write_bytes(b"cx")
-    (tmp_path / "b.tar").write_bytes(tar_bytes({"c/b": b"cb"}))
+    with tarfile.open(tmp_path / "b.tar", "w") as tar:  # c/b (c implied), and the folder y again
+        info = tarfile.TarInfo("c/b")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"cb"))
+        info = tarfile.TarInfo("y")
+        info.type = tarfile.DIRTYPE
+        tar.addfile(info)
     sources = [tmp_path / "f0", tmp_path / "t.tar", tmp_path / "f2", tmp_path / "b.tar"]
-    expected = {"/x": ["b"], "/c": ["b", "x"]}
+    expected = {"/x": ["b"], "/c": ["b", "x"], "/y": []}
     with ratarmountcore.open([str(path) for path in sources]) as src:
         assert {folder: src.listdir(folder) for folder in expected} == expected
-        assert not src.exists("/x/a") and src.read("/c/b") == b"cb"
+        assert not src.exists("/x/a") and not src.exists("/y/a") and src.read("/c/b") == b"cb"
     mnt = mounter.mount(*sources, extra=["--fuse-api", api])
     assert {folder: sorted(os.listdir(f"{mnt}{folder}")) for folder in expected} == expected
-    assert not os.path.exists(mnt / "x" / "a") and (mnt / "c" / "b").read_bytes() == b"cb"
+    assert not os.path.exists(mnt / "x" / "a") and not os.path.exists(mnt / "y" / "a")
+    assert (mnt / "c" / "b").read_bytes() == b"cb"
 
 
 def test_a_removed_name_never_opens_the_file_that_got_its_inode_number(mounter: Mounter, tmp_path: Path) -> None:

@@ -44,8 +44,9 @@ logger = logging.getLogger(__name__)
 _S_IFMT = 0o170000
 #: A path component naming an entry's versions (``PATH.versions/``).
 _VERSIONS_PART = VERSIONS_SUFFIX.decode() + "/"
-UNION_FORMAT = "7"  # 5: a folder replaced by a file takes its entries with it; 6: ``implied``;
-# 7: nothing below an earlier source's file that a later source only implies as a folder
+UNION_FORMAT = "8"  # 5: a folder replaced by a file takes its entries with it; 6: ``implied``;
+# 7: nothing below an earlier source's file that a later source only implies as a folder;
+# 8: ``barriers``
 #: A folder's rows from the union table (``StatRow`` fields) after a name, in name order.
 _STAT_ROWS_SQL = (
     "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev FROM entries "
@@ -160,6 +161,13 @@ class UnionSource(MountSource):
             "implied INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (parent, name)) WITHOUT ROWID"
         )
         columns = "(parent, name, source, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, implied)"
+        # With folder sources: the last archive that had a file, link or device where a later
+        # one has a folder (what the sources before it have below is not the union's, folder
+        # sources' too: ``_table_hides``; the table keeps only the folder).
+        conn.execute(
+            "CREATE TABLE barriers (parent BLOB NOT NULL, name BLOB NOT NULL, source INTEGER NOT NULL, "
+            "PRIMARY KEY (parent, name)) WITHOUT ROWID"
+        )
         for number, source in enumerate(self.sources):
             if number in self._mutable:
                 continue  # asked at every lookup and listing instead
@@ -185,6 +193,13 @@ class UnionSource(MountSource):
                         f"f.name = e.name WHERE f.latest = 1 AND f.kind != 'd' AND e.mode & {_S_IFMT} = {stat.S_IFDIR}"
                     ).fetchall(),
                 )
+                if self._mutable:
+                    conn.execute(
+                        "INSERT OR REPLACE INTO barriers (parent, name, source) SELECT e.parent, e.name, e.source "
+                        "FROM entries e JOIN src.files f ON f.parent = e.parent AND f.name = e.name WHERE f.latest = 1 "
+                        f"AND f.kind = 'd' AND f.offset_header != ? AND e.mode & {_S_IFMT} != {stat.S_IFDIR}",
+                        (IMPLICIT,),
+                    )
                 # (``implied``: a folder source before this one that has the name wins it.)
                 conn.execute(f"INSERT OR REPLACE INTO entries {columns} {select} != ?", (IMPLICIT, IMPLICIT))
                 conn.execute(f"INSERT OR IGNORE INTO entries {columns} {select} = ?", (IMPLICIT, IMPLICIT))
@@ -321,18 +336,23 @@ class UnionSource(MountSource):
         return self._lookup_versions(path) if _VERSIONS_PART in path + "/" else None
 
     def _table_hides(self, folder: str) -> int:
-        """The archive whose file, link or device the union table has at ``folder`` or above it
-        (-1: none): what the sources before it have below is not the union's, folder sources'
-        too (the table dropped the archives' own, ``_drop_below``)."""
+        """The last archive that has, or had before a later one's folder, a file, link or device
+        at ``folder`` or above it (-1: none): what the sources before it have below is not the
+        union's, folder sources' too (the table dropped the archives' own, ``_drop_below``)."""
         above = ""
+        hidden = -1
         for part in folder.strip("/").split("/") if folder != "/" else []:
             above += "/" + part
-            rows = self._query("SELECT source, mode FROM entries WHERE parent = ? AND name = ?", split_path(above))
+            key = split_path(above)
+            rows = self._query("SELECT source, mode FROM entries WHERE parent = ? AND name = ?", key)
             if not rows:
-                return -1
+                break
             if rows[0][1] & _S_IFMT != stat.S_IFDIR:
-                return int(rows[0][0])
-        return -1
+                return max(hidden, int(rows[0][0]))
+            barrier = self._query("SELECT source FROM barriers WHERE parent = ? AND name = ?", key)
+            if barrier:
+                hidden = max(hidden, int(barrier[0][0]))
+        return hidden
 
     def _hides(self, number: int, folder: str) -> bool:
         """Whether source ``number`` has something other than a folder at ``folder`` or above it:
