@@ -351,9 +351,11 @@ class IndexWriter:
             self._closed_archives.add(folder.path)
             self._last_parent = ""  # (the next member's folder is looked at again, see ``add``)
 
-    def discard_from(self, row_id: int, path: str) -> None:
-        """Forget the rows from ``row_id`` on: an inner archive's folder ``path`` and what was
-        found in it, with their nested archives and seek points (``<backend>@<row id>``)."""
+    def discard_from(self, row_id: int) -> None:
+        """Forget the rows from ``row_id`` on: the folder ``add_archive_folder`` added as
+        ``row_id`` and what was found in it, with their nested archives and seek points
+        (``<backend>@<row id>``)."""
+        path = self._archive_folders[row_id].path
         self._flush()
         conn = self._conn
         conn.execute("DELETE FROM files WHERE id >= ?", (row_id,))
@@ -510,11 +512,9 @@ class IndexWriter:
         taken = "SELECT 1 FROM files WHERE parent = ? AND name = ? LIMIT 1"
         for folder in self._archive_folders.values():
             if folder.stored_name is not None:
-                parent_str = folder.path.rpartition("/")[0] or "/"
-                stored = join_path(encode(parent_str), folder.stored_name)
-                if self._conn.execute(taken, (encode(parent_str), folder.stored_name)).fetchone() or (
-                    stored.decode("utf-8", "surrogateescape") in self._ancestors
-                ):
+                parent = encode(folder.path.rpartition("/")[0] or "/")
+                stored = join_path(parent, folder.stored_name).decode("utf-8", "surrogateescape")
+                if stored in self._ancestors or self._conn.execute(taken, (parent, folder.stored_name)).fetchone():
                     return True
         return False
 

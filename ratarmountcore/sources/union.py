@@ -343,15 +343,18 @@ class UnionSource(MountSource):
         hidden = -1
         for part in folder.strip("/").split("/") if folder != "/" else []:
             above += "/" + part
-            key = split_path(above)
-            rows = self._query("SELECT source, mode FROM entries WHERE parent = ? AND name = ?", key)
+            rows = self._query(
+                "SELECT e.source, e.mode, b.source FROM entries e LEFT JOIN barriers b "
+                "ON b.parent = e.parent AND b.name = e.name WHERE e.parent = ? AND e.name = ?",
+                split_path(above),
+            )
             if not rows:
                 break
-            if rows[0][1] & _S_IFMT != stat.S_IFDIR:
-                return max(hidden, int(rows[0][0]))
-            barrier = self._query("SELECT source FROM barriers WHERE parent = ? AND name = ?", key)
-            if barrier:
-                hidden = max(hidden, int(barrier[0][0]))
+            source, mode, barrier = rows[0]
+            if mode & _S_IFMT != stat.S_IFDIR:
+                return max(hidden, int(source))
+            if barrier is not None:
+                hidden = max(hidden, int(barrier))
         return hidden
 
     def _hides(self, number: int, folder: str) -> bool:

@@ -175,7 +175,7 @@ def _scan(
             ctx.archives += 1
             inner = WindowReader(reader, record.offset_data - base, record.size)
             scan = functools.partial(_scan, ctx, inner, record.size, folder.path, record.offset_data, depth + 1, source)
-            _descend(ctx, record, scan, folder_id, folder.path, source)
+            _descend(ctx, record, scan, folder_id, source)
             ctx.writer.end_archive_folder(folder_id)
         elif fmt in COMPRESSIONS:
             _index_compressed_member(ctx, record, fmt, depth, source)
@@ -184,10 +184,8 @@ def _scan(
             ctx.count += 1
 
 
-def _descend(
-    ctx: _Context, record: MemberRecord, scan: Callable[[], None], folder_id: int, folder: str, source: int
-) -> None:
-    """Scan the inner archive ``record`` shown as the folder ``folder`` (row ``folder_id``)."""
+def _descend(ctx: _Context, record: MemberRecord, scan: Callable[[], None], folder_id: int, source: int) -> None:
+    """Scan the inner archive ``record`` shown as the folder of row ``folder_id``."""
     try:
         scan()
     except ArchiveError as exc:
@@ -204,13 +202,13 @@ def _descend(
             record.path,
             exc,
         )
-        _as_file(ctx, record, folder_id, folder, source)
+        _as_file(ctx, record, folder_id, source)
 
 
-def _as_file(ctx: _Context, record: MemberRecord, folder_id: int, folder: str, source: int) -> None:
+def _as_file(ctx: _Context, record: MemberRecord, folder_id: int, source: int) -> None:
     """Show the inner archive ``record`` as the file it is after all: forget its folder (row
-    ``folder_id``, path ``folder``) and what was found in it."""
-    ctx.writer.discard_from(folder_id, folder)
+    ``folder_id``) and what was found in it."""
+    ctx.writer.discard_from(folder_id)
     ctx.archives -= 1
     ctx.writer.add(record, source)
 
@@ -228,7 +226,7 @@ def _descend_compressed(
         raise  # the outer archive, not the inner one
     except (ArchiveError, CorruptDataError) as exc:
         logger.warning("%s: inner archive %s is damaged (%s); shown as a file", ctx.label, record.path, exc)
-        _as_file(ctx, record, folder_id, record.path, source)  # (compressed ones keep their names)
+        _as_file(ctx, record, folder_id, source)
 
 
 def _index_compressed_member(ctx: _Context, record: MemberRecord, fmt: FormatId, depth: int, source: int) -> None:
