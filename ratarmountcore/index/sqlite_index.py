@@ -716,6 +716,15 @@ class IndexReader:
             one=True,
         )
 
+    def is_implicit(self, parent: bytes, name: bytes) -> bool:
+        """Whether the folder ``parent``/``name`` is only implied by member paths."""
+        row = self._query(
+            "SELECT offset_header = ? FROM files WHERE parent = ? AND name = ? AND latest = 1 ORDER BY id DESC LIMIT 1",
+            (IMPLICIT, parent, name),
+            one=True,
+        )
+        return bool(row and row[0])
+
     def row(self, row_id: int) -> Optional[Row]:
         return self._query(f"SELECT {ROW_COLUMNS} FROM files WHERE id = ?", (row_id,), one=True)  # type: ignore[no-any-return]
 

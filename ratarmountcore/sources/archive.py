@@ -168,6 +168,9 @@ class ArchiveSource(RenewedAfterFork, MountSource):
             return self._root
         return self._lookup_version(parent, name)
 
+    def is_implied(self, path: str, info: FileInfo) -> bool:
+        return info.is_dir and path != "/" and self._index.is_implicit(*split_path(path))
+
     def _lookup_version(self, parent: bytes, name: bytes) -> Optional[FileInfo]:
         """``PATH.versions`` (a folder) and ``PATH.versions/N`` (the N-th member named PATH),
         in a folder the tree shows (not below a file: the kernel never asks there)."""

@@ -188,6 +188,12 @@ class MountSource(ABC):
         saw a lookup that looks like a random open). Sources that read from disk start
         fetching (the beginning of) it in the background; it must return at once."""
 
+    def is_implied(self, path: str, info: FileInfo) -> bool:
+        """Whether folder ``path`` (``info``: its ``lookup``) is only implied by member paths, an
+        archive having no member of that name (tar makes such a folder only where nothing is: a
+        union lets it replace nothing). False by default."""
+        return False
+
     def by_ino(self, ino: int) -> Optional[Tuple[str, FileInfo]]:
         """(path, info) of the entry whose ``FileInfo.ino`` is ``ino`` (> 1), or None.
 

@@ -510,6 +510,16 @@ class DirectorySource(MountSource):
         finally:
             self._done(resolved)
 
+    def is_implied(self, path: str, info: FileInfo) -> bool:
+        if not isinstance(info.locator, MemberLocator) or not info.is_dir:
+            return False  # (the folder's own folders, and archives shown as folders, are real)
+        resolved = self._resolve(path)
+        if resolved is None or resolved.archive is None:
+            if resolved is not None:
+                self._done(resolved)
+            return False
+        return resolved.archive.is_implied(resolved.inner, info.locator.info)
+
     def _archive_of(self, info: FileInfo) -> Optional[Tuple[str, Optional[MountSource]]]:
         """(relative path, source) of the archive a folder ``info`` is in or is shown for (source
         None: it failed to open just now, the warning says why); None for the folder's own."""

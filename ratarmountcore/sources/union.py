@@ -37,6 +37,7 @@ from ..io.readers import MemberFile
 from ..options import IndexOptions
 from . import union_cache
 from .base import VERSIONS_SUFFIX, FileInfo, MountSource, NameRow, StatRow
+from .union_replay import FILE, FOLDER, IMPLIED, ROOT, Claim, Settled, settle
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +45,9 @@ logger = logging.getLogger(__name__)
 _S_IFMT = 0o170000
 #: A path component naming an entry's versions (``PATH.versions/``).
 _VERSIONS_PART = VERSIONS_SUFFIX.decode() + "/"
-UNION_FORMAT = "8"  # 5: a folder replaced by a file takes its entries with it; 6: ``implied``;
+UNION_FORMAT = "9"  # 5: a folder replaced by a file takes its entries with it; 6: ``implied``;
 # 7: nothing below an earlier source's file that a later source only implies as a folder;
-# 8: ``barriers``
+# 8: ``barriers``; 9: ``kinds`` (instead of barriers)
 #: A folder's rows from the union table (``StatRow`` fields) after a name, in name order.
 _STAT_ROWS_SQL = (
     "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev FROM entries "
@@ -59,9 +60,22 @@ _SOURCE_ROWS_SQL = (
     "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, source, implied FROM entries "
     "WHERE parent = ? AND name > ? ORDER BY name LIMIT ?"
 )
+#: The archives' claims on a name (``union_replay``; unions with folder sources only).
+_KINDS_SQL = "SELECT source, kind FROM kinds WHERE parent = ? AND name = ?"
+#: The table's winner of a name no archive has as a folder.
+_WINNER_SQL = "SELECT source, mode, implied FROM entries WHERE parent = ? AND name = ?"
+#: The archives' claims on the names of a folder after a name (up to a name; NULL: all).
+_CHILD_KINDS_SQL = "SELECT name, source, kind FROM kinds WHERE parent = ?1 AND name > ?2 AND (?3 IS NULL OR name <= ?3)"
 #: An entry's inode number in the union: its source's number above its own (below 2**40).
 INO_SHIFT = 40
 _INNER_MASK = (1 << INO_SHIFT) - 1
+
+
+def _kind(mode: int, implied: int) -> int:
+    """The claim (``union_replay``) of a table row."""
+    if mode & _S_IFMT != stat.S_IFDIR:
+        return FILE
+    return IMPLIED if implied else FOLDER
 
 
 class UnionLocator(NamedTuple):
@@ -161,13 +175,14 @@ class UnionSource(MountSource):
             "implied INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (parent, name)) WITHOUT ROWID"
         )
         columns = "(parent, name, source, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, implied)"
-        # With folder sources: the last archive that had a file, link or device where a later
-        # one has a folder (what the sources before it have below is not the union's, folder
-        # sources' too: ``_table_hides``; the table keeps only the folder).
-        conn.execute(
-            "CREATE TABLE barriers (parent BLOB NOT NULL, name BLOB NOT NULL, source INTEGER NOT NULL, "
-            "PRIMARY KEY (parent, name)) WITHOUT ROWID"
-        )
+        if self._mutable:
+            # Each archive's kind of entry (union_replay: FILE, FOLDER, IMPLIED) at the names some
+            # archive has as a folder: what tar -x left there before each source, which lookups
+            # settle with the folder sources' entries as they are then (``_resolve``).
+            conn.execute(
+                "CREATE TABLE kinds (parent BLOB NOT NULL, name BLOB NOT NULL, source INTEGER NOT NULL, "
+                "kind INTEGER NOT NULL, PRIMARY KEY (parent, name, source)) WITHOUT ROWID"
+            )
         for number, source in enumerate(self.sources):
             if number in self._mutable:
                 continue  # asked at every lookup and listing instead
@@ -194,19 +209,14 @@ class UnionSource(MountSource):
                     ).fetchall(),
                 )
                 if self._mutable:
-                    conn.execute(
-                        "INSERT OR REPLACE INTO barriers (parent, name, source) SELECT e.parent, e.name, e.source "
-                        "FROM entries e JOIN src.files f ON f.parent = e.parent AND f.name = e.name WHERE f.latest = 1 "
-                        f"AND f.kind = 'd' AND f.offset_header != ? AND e.mode & {_S_IFMT} != {stat.S_IFDIR}",
-                        (IMPLICIT,),
-                    )
+                    self._record_kinds(conn, number)
                 # (``implied``: a folder source before this one that has the name wins it.)
                 conn.execute(f"INSERT OR REPLACE INTO entries {columns} {select} != ?", (IMPLICIT, IMPLICIT))
                 conn.execute(f"INSERT OR IGNORE INTO entries {columns} {select} = ?", (IMPLICIT, IMPLICIT))
                 # A folder only implied where an earlier source has a file, link or device: its
                 # members are not the union's (tar -x of one source after the other: "Not a
-                # directory"), as below a folder source's file (``_hides``). With folder sources,
-                # one between them may have that folder: lookups check the parent instead.
+                # directory"). With folder sources, one between them may have that folder: lookups
+                # settle the names from ``kinds`` instead (``_resolve``).
                 if not self._mutable:
                     _drop_below(
                         conn,
@@ -231,9 +241,44 @@ class UnionSource(MountSource):
                         if not stat.S_ISDIR(mode) and (parent, name) in folders:
                             replaced.append((parent, name))
                 _drop_below(conn, replaced)
+                if self._mutable:
+                    self._record_walked_kinds(conn, number, rows)
                 conn.executemany(
                     f"INSERT OR REPLACE INTO entries {columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
                 )
+
+    @staticmethod
+    def _record_kinds(conn: sqlite3.Connection, number: int) -> None:
+        """``kinds`` of archive ``number`` (attached as ``src``), before its rows enter ``entries``:
+        the earlier winner's file, link or device where it has a folder, its folders, and its
+        other entries where an earlier archive has a folder."""
+        conn.execute(
+            "INSERT OR IGNORE INTO kinds (parent, name, source, kind) SELECT e.parent, e.name, e.source, ? "
+            "FROM entries e JOIN src.files f ON f.parent = e.parent AND f.name = e.name "
+            f"WHERE f.latest = 1 AND f.kind = 'd' AND e.mode & {_S_IFMT} != {stat.S_IFDIR}",
+            (FILE,),
+        )
+        conn.execute(
+            "INSERT OR IGNORE INTO kinds (parent, name, source, kind) SELECT f.parent, f.name, ?, "
+            "CASE WHEN f.kind != 'd' THEN ? WHEN f.offset_header = ? THEN ? ELSE ? END FROM src.files f "
+            "WHERE f.latest = 1 AND f.name != x'' AND (f.kind = 'd' OR EXISTS "
+            "(SELECT 1 FROM kinds k WHERE k.parent = f.parent AND k.name = f.name))",
+            (number, FILE, IMPLICIT, IMPLIED, FOLDER),
+        )
+
+    @staticmethod
+    def _record_walked_kinds(conn: sqlite3.Connection, number: int, rows: List[Tuple[object, ...]]) -> None:
+        """``_record_kinds`` for a source without an index (``rows``: its ``entries`` rows)."""
+        kinds: List[Tuple[object, ...]] = []
+        for row in rows:
+            parent, name, mode = row[0], row[1], int(row[3])  # type: ignore[call-overload]
+            if stat.S_ISDIR(mode):
+                before = conn.execute("SELECT source, mode FROM entries WHERE parent = ? AND name = ?", (parent, name))
+                kinds.extend((parent, name, s, FILE) for s, m in before if not stat.S_ISDIR(m))
+                kinds.append((parent, name, number, FOLDER))
+            elif conn.execute("SELECT 1 FROM kinds WHERE parent = ? AND name = ? LIMIT 1", (parent, name)).fetchone():
+                kinds.append((parent, name, number, FILE))
+        conn.executemany("INSERT OR IGNORE INTO kinds (parent, name, source, kind) VALUES (?, ?, ?, ?)", kinds)
 
     def _query(self, sql: str, params: tuple) -> list:  # type: ignore[type-arg]
         if self._generation != forks.generation:
@@ -307,108 +352,137 @@ class UnionSource(MountSource):
         return None if info is None else self._wrap(owner.locator.source, info)
 
     def _lookup_live(self, path: str) -> Optional[FileInfo]:
-        """``lookup`` in a union with sources that may change: below a folder of the union, the
-        last of those sources that has the name, unless the table's winner comes later."""
-        parent = path.rpartition("/")[0] or "/"
-        if parent != "/":
-            above = self.lookup(parent)
-            if above is None or not above.is_dir:
-                return None
-        number, implied = self._winner(path)
-        hidden = self._table_hides(parent)
-        for mutable in reversed(self._mutable):
-            if (number is not None and mutable < number) or mutable < hidden:
-                break
-            info = self.sources[mutable].lookup(path)
+        """``lookup`` in a union with sources that may change: what tar -x of the sources in
+        order leaves at ``path`` (``_resolve``)."""
+        settled = self._resolve(path)
+        if settled is not None:
+            info = self._owner_info(path, settled.owner)
             if info is not None:
-                return self._wrap(mutable, info)
-            if self._hides(mutable, parent):
-                return None  # what earlier sources have below ``parent`` is not the union's
-        if number is not None and implied:  # replaces nothing a folder source before it has
-            for mutable in reversed([m for m in self._mutable if hidden < m < number]):
+                return self._wrap(settled.owner.source, info)
+        elif _VERSIONS_PART in path + "/":  # (below a folder only: not below a file of that name)
+            above = self.lookup(path.rpartition("/")[0] or "/")
+            if above is not None and above.is_dir:
+                return self._lookup_versions(path)
+        return None
+
+    def _owner_info(self, path: str, owner: Claim) -> Optional[FileInfo]:
+        return owner.info if owner.info is not None else self.sources[owner.source].lookup(path)
+
+    def _resolve(self, path: str) -> Optional[Settled]:
+        """Each name of ``path`` settled from the top down (``union_replay``); None where a name
+        is missing or a name above it is not a folder."""
+        settled = ROOT
+        above = ""
+        for part in path.strip("/").split("/") if path != "/" else []:
+            if not settled.is_dir:
+                return None
+            above += "/" + part
+            found = settle(self._claims(above, settled), settled)
+            if found is None:
+                return None
+            settled = found
+        return settled
+
+    def _claims(self, path: str, above: Settled) -> List[Claim]:
+        """The archives' claims on ``path`` (the table's) and those of the folder sources that
+        ``above`` (its parent, settled) lets through, with their entries as they are now."""
+        key = split_path(path)
+        claims = [Claim(int(source), int(kind)) for source, kind in self._query(_KINDS_SQL, key)]
+        if not claims:  # (no archive has it as a folder: the last that has it)
+            winner = self._query(_WINNER_SQL, key)
+            claims = [Claim(int(source), _kind(int(mode), implied)) for source, mode, implied in winner]
+        for mutable in self._mutable:
+            if mutable > above.floor and mutable not in above.excluded:
                 info = self.sources[mutable].lookup(path)
                 if info is not None:
-                    return self._wrap(mutable, info)
-        if number is not None:
-            info = self.sources[number].lookup(path)
-            if info is not None:
-                return self._wrap(number, info)
-        return self._lookup_versions(path) if _VERSIONS_PART in path + "/" else None
+                    claims.append(Claim(mutable, self._folder_kind(mutable, path, info), info))
+        return claims
 
-    def _table_hides(self, folder: str) -> int:
-        """The last archive that has, or had before a later one's folder, a file, link or device
-        at ``folder`` or above it (-1: none): what the sources before it have below is not the
-        union's, folder sources' too (the table dropped the archives' own, ``_drop_below``)."""
-        above = ""
-        hidden = -1
-        for part in folder.strip("/").split("/") if folder != "/" else []:
-            above += "/" + part
-            rows = self._query(
-                "SELECT e.source, e.mode, b.source FROM entries e LEFT JOIN barriers b "
-                "ON b.parent = e.parent AND b.name = e.name WHERE e.parent = ? AND e.name = ?",
-                split_path(above),
-            )
-            if not rows:
-                break
-            source, mode, barrier = rows[0]
-            if mode & _S_IFMT != stat.S_IFDIR:
-                return max(hidden, int(source))
-            if barrier is not None:
-                hidden = max(hidden, int(barrier))
-        return hidden
-
-    def _hides(self, number: int, folder: str) -> bool:
-        """Whether source ``number`` has something other than a folder at ``folder`` or above it:
-        then what earlier sources have below it is not the union's, even where a later source has
-        that folder again (as the table of archives does it, ``_drop_below``)."""
-        if folder == "/":
-            return False
-        source = self.sources[number]
-        info = source.lookup(folder)
-        if info is not None:
-            return not info.is_dir
-        above = ""
-        for part in folder.strip("/").split("/")[:-1]:  # (from the top: stops at the first name missing)
-            above += "/" + part
-            info = source.lookup(above)
-            if info is None:
-                return False
-            if not info.is_dir:
-                return True
-        return False
+    def _folder_kind(self, number: int, path: str, info: FileInfo) -> int:
+        if not info.is_dir:
+            return FILE
+        return IMPLIED if self.sources[number].is_implied(path, info) else FOLDER
 
     def _merged_rows(self, path: str, after: Optional[bytes], limit: int) -> List[Tuple[StatRow, int]]:
         """The rows of folder ``path`` after ``after`` in name order (``limit`` -1: all) with the
-        source of each: the table's, and those of the sources that may change as they are now;
-        of a name in several, the last source's. Within the table's part (up to its last name
-        when it filled ``limit``), so that the next part, after the last name returned, follows
-        on without a gap."""
-        # The last source that hides what sources before it have here (a folder source's or the
-        # table's file above; -1: none); then the table's part is read whole (rare), as a part
-        # of it may be all hidden.
-        hidden = max([m for m in self._mutable if self._hides(m, path)] + [self._table_hides(path)])
-        part = limit if hidden < 0 else -1
-        table = self._query(_SOURCE_ROWS_SQL, (encode(path), after or b"", part))
-        merged: Dict[bytes, Tuple[StatRow, int]] = {
-            row[0]: (row, number)
-            for row, number in zip(plain_mtimes([r[:9] for r in table]), (r[9] for r in table))
-            if number > hidden
-        }
-        implied = {r[0] for r in table if r[10]}  # (folders only implied: any folder source's entry wins)
+        source of each: every name settled from the table's claims and the folder sources' rows
+        as they are now. Within the table's part (up to its last name when it filled ``limit``),
+        so that the next part, after the last name returned, follows on without a gap."""
+        above = self._resolve(path)
+        if above is None or not above.is_dir:
+            return []
+        # Sources let through only in part: the table's part is read whole (rare), as a part of it
+        # may be all hidden.
+        part = limit if above.floor < 0 and not above.excluded else -1
+        encoded = encode(path)
+        table = self._query(_SOURCE_ROWS_SQL, (encoded, after or b"", part))
         upper = table[-1][0] if 0 <= part <= len(table) else None
-        for mutable in self._mutable:  # (in order: a later one wins)
-            if mutable < hidden:
+        rows: Dict[Tuple[bytes, int], StatRow] = {}
+        winners: Dict[bytes, Tuple[int, int, int]] = {}  # name -> (source, mode, implied) of the table
+        for row, full in zip(plain_mtimes([r[:9] for r in table]), table):
+            rows[row[0], full[9]] = row
+            winners[row[0]] = (full[9], row[1], full[10])
+        # Names more than one source claims: every archive's claim (``kinds``), the folder sources'.
+        contested: Dict[bytes, List[Claim]] = {}
+        for name, source, kind in self._query(_CHILD_KINDS_SQL, (encoded, after or b"", upper)):
+            contested.setdefault(name, []).append(Claim(int(source), int(kind)))
+        for mutable in self._mutable:
+            if mutable <= above.floor or mutable in above.excluded:
                 continue
             for row in self.sources[mutable].list_stat_rows(path) or []:
                 name = row[0]
                 if (after is not None and name <= after) or (upper is not None and name > upper):
                     continue
-                current = merged.get(name)
-                if current is None or current[1] < mutable or name in implied:
-                    merged[name] = (self._shift(mutable, row), mutable)
-                    implied.discard(name)
-        names = sorted(merged)
-        return [merged[name] for name in (names if limit < 0 else names[:limit])]
+                rows[name, mutable] = self._shift(mutable, row)
+                if name not in contested:
+                    winner = winners.get(name)
+                    contested[name] = [] if winner is None else [Claim(winner[0], _kind(winner[1], winner[2]))]
+                contested[name].append(Claim(mutable, FILE if not stat.S_ISDIR(row[1]) else FOLDER))
+        merged: List[Tuple[StatRow, int]] = []
+        for name in sorted(winners.keys() | contested.keys()) if contested else winners:
+            named = contested.get(name)
+            if named is None:  # (most names: only the table's winner has them)
+                number = winners[name][0]
+                if number <= above.floor or number in above.excluded:
+                    continue
+            else:
+                if len(named) > 1 and any(c.source in self._mutable and c.kind == FOLDER for c in named):
+                    named = self._checked_folders(path, name, named)  # (a folder source's folder may be implied)
+                settled = settle(named, above)
+                if settled is None:
+                    continue
+                number = settled.owner.source
+            found = rows.get((name, number))
+            if found is None:  # an archive the table does not name (an earlier one than its winner)
+                info = self.sources[number].lookup(join_path(encoded, name).decode("utf-8", "surrogateescape"))
+                if info is None:
+                    continue
+                ino = self._ino(number, info.ino)
+                found = (name, info.mode, info.size, info.mtime_ns, info.uid, info.gid, info.nlink, ino, info.rdev)
+            merged.append((found, number))
+            if len(merged) == limit:
+                break
+        return merged
+
+    def _checked_folders(self, folder: str, name: bytes, claims: List[Claim]) -> List[Claim]:
+        """``claims`` with each folder source's folder looked up: implied, or a folder of its own."""
+        path = join_path(encode(folder), name).decode("utf-8", "surrogateescape")
+        checked = []
+        for claim in claims:
+            if claim.kind == FOLDER and claim.source in self._mutable:
+                info = self.sources[claim.source].lookup(path)
+                if info is None:
+                    continue
+                claim = Claim(claim.source, self._folder_kind(claim.source, path, info), info)
+            checked.append(claim)
+        return checked
+
+    def _owner(self, path: str) -> Optional[int]:
+        """The source the union shows ``path`` from (None: none)."""
+        if not self._mutable:
+            return self._winner(path)[0]
+        settled = self._resolve(path)
+        return None if settled is None else settled.owner.source
 
     def by_ino(self, ino: int) -> Optional[Tuple[str, FileInfo]]:
         # ``_wrap``'s numbering: the source above its own inode number. The entry must still be
@@ -419,7 +493,7 @@ class UnionSource(MountSource):
         found = self.sources[number].by_ino(ino & _INNER_MASK)
         if found is None:
             return None
-        if self._winner(found[0])[0] != number:
+        if self._owner(found[0]) != number:
             # A hard link whose first name a later source replaced: one of its other names.
             # (No index on inode numbers: a scan of the table, for this rare case only.)
             rows = self._query("SELECT parent, name FROM entries WHERE ino = ? AND source = ? LIMIT 1", (ino, number))
@@ -428,7 +502,9 @@ class UnionSource(MountSource):
             parent, name = rows[0]
             path = join_path(parent, name).decode("utf-8", "surrogateescape")
             info = self.sources[number].lookup(path)
-            return None if info is None else (path, self._wrap(number, info))
+            if info is None or (self._mutable and self._owner(path) != number):
+                return None
+            return path, self._wrap(number, info)
         return found[0], self._wrap(number, found[1])
 
     def lists_by_number(self, folder: FileInfo) -> bool:

@@ -1,0 +1,218 @@
+"""Unions with folder sources against a model of ``tar -x`` of the sources one after the other
+(``sources/union_replay.py``): any mix of folders and tars whose names are files in some, folders
+in others and only implied by member paths in others still."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import stat
+import tarfile
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import pytest
+from conftest import Mounter
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ratarmountcore
+from ratarmountcore.options import OpenOptions
+
+
+@pytest.fixture(autouse=True)
+def private_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+#: A source: (is a folder, {path: "f" or "d"}); folders' parents are in it, a tar's may be implied.
+Source = Tuple[bool, Dict[str, str]]
+
+NAMES = ["a", "b"]
+
+
+def _all_paths(depth: int) -> List[str]:
+    paths = [""]
+    out: List[str] = []
+    for _ in range(depth):
+        paths = [f"{p}/{n}" if p else n for p in paths for n in NAMES]
+        out += paths
+    return out
+
+
+PATHS = _all_paths(3)
+
+
+@st.composite
+def sources(draw: st.DrawFn) -> List[Source]:
+    """2-4 sources over the same few names (so that they meet on them): each name absent, a file
+    or a folder; a tar's folders with members below are left out (implied) half of the time."""
+    result: List[Source] = []
+    for _ in range(draw(st.integers(2, 4))):
+        folder = draw(st.booleans())
+        tree: Dict[str, str] = {}
+        for path in PATHS:  # (parents first)
+            parent = path.rpartition("/")[0]
+            if parent and tree.get(parent, "" if folder else "d") != "d":
+                continue  # (nothing below a file; a folder's below its own folders only)
+            kind = draw(st.sampled_from(["", "", "f", "d"] if path.count("/") < 2 else ["", "", "", "f"]))
+            if kind:
+                tree[path] = kind
+        if not folder:
+            for path in [p for p, kind in tree.items() if kind == "d"]:
+                if any(p.startswith(path + "/") for p in tree) and draw(st.booleans()):
+                    del tree[path]  # implied by the members below it
+        result.append((folder, tree))
+    return result
+
+
+def folder_mode(number: int) -> int:
+    return 0o701 | (number << 3)
+
+
+def file_data(number: int, path: str) -> bytes:
+    return f"{number}:{path}".encode()
+
+
+def make(tmp_path: Path, number: int, source: Source) -> str:
+    folder, tree = source
+    if folder:
+        root = tmp_path / f"s{number}"
+        root.mkdir()
+        for path, kind in sorted(tree.items()):
+            if kind == "d":
+                (root / path).mkdir()
+            else:
+                (root / path).write_bytes(file_data(number, path))
+        for path, kind in tree.items():
+            if kind == "d":
+                os.chmod(root / path, folder_mode(number))
+        return str(root)
+    archive = tmp_path / f"s{number}.tar"
+    with tarfile.open(archive, "w", format=tarfile.GNU_FORMAT) as tar:
+        for path, kind in sorted(tree.items(), key=lambda item: item[0].split("/")):
+            info = tarfile.TarInfo(path)
+            info.mtime = 1_600_000_000
+            if kind == "d":
+                info.type, info.mode = tarfile.DIRTYPE, folder_mode(number)
+                tar.addfile(info)
+            else:
+                data = file_data(number, path)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return str(archive)
+
+
+def model(all_sources: List[Source]) -> Dict[str, Tuple[str, int]]:
+    """tar -x of each source in order: path -> (kind, mode or owner); a file or a folder replaces
+    what is there (a file takes what is below along), a folder only implied is made where nothing
+    is and makes its members fail where a file is."""
+    fs: Dict[str, Tuple[str, int]] = {}
+
+    def parents_are_folders(path: str) -> bool:
+        parts = path.split("/")
+        return all(fs.get("/".join(parts[:i]), ("d", 0))[0] == "d" for i in range(1, len(parts)))
+
+    for number, (_folder, tree) in enumerate(all_sources):
+        implied = {"/".join(p.split("/")[:i]) for p in tree for i in range(1, p.count("/") + 1)} - set(tree)
+        entries = [(p, tree[p]) for p in tree] + [(p, "i") for p in implied]
+        for path, kind in sorted(entries, key=lambda item: item[0].split("/")):
+            if not parents_are_folders(path):
+                continue
+            if kind == "i":
+                fs.setdefault(path, ("d", 0o755))
+                continue
+            if kind == "f" or fs.get(path, ("d",))[0] != "d":
+                for below in [p for p in fs if p.startswith(path + "/")]:
+                    del fs[below]
+            fs[path] = ("f", number) if kind == "f" else ("d", folder_mode(number))
+    return fs
+
+
+def shown(src: ratarmountcore.MountSource) -> Dict[str, Tuple[str, int]]:
+    out: Dict[str, Tuple[str, int]] = {}
+    stack = [""]
+    while stack:
+        folder = stack.pop()
+        for name in src.listdir(folder or "/"):
+            path = f"{folder}/{name}" if folder else name
+            info = src.info("/" + path)
+            if info.is_dir:
+                out[path] = ("d", stat.S_IMODE(info.mode))
+                stack.append(path)
+            else:
+                data = src.read("/" + path)
+                out[path] = ("f", int(data.split(b":")[0]))
+                assert data == file_data(out[path][1], path)
+    return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sources())
+def test_a_union_of_folders_and_tars_is_what_tar_x_of_each_in_turn_leaves(
+    tmp_path_factory: pytest.TempPathFactory, all_sources: List[Source]
+) -> None:
+    tmp_path = tmp_path_factory.mktemp("union")
+    paths = [make(tmp_path, number, source) for number, source in enumerate(all_sources)]
+    expected = model(all_sources)
+    with ratarmountcore.open(paths) as src:
+        assert shown(src) == expected
+        for path in PATHS:  # lookups agree with the listings, also of names not shown
+            info: Optional[ratarmountcore.FileInfo] = src.lookup("/" + path)
+            assert (info is not None) == (path in expected), path
+
+
+def _tar(path: Path, members: Dict[str, Optional[bytes]]) -> None:
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+@pytest.mark.parametrize("api", ["low", "high"])
+@pytest.mark.parametrize("first", ["folder", "tar"])
+def test_members_a_file_refused_stay_refused_when_a_later_source_has_the_folder(
+    mounter: Mounter, tmp_path: Path, api: str, first: str
+) -> None:
+    """x is a file in the first source, only implied by a/x/a in the second, a folder in the
+    third: tar -x refused x/a, so the folder is empty (x/a was shown, found by fuzzing)."""
+    if first == "folder":
+        (tmp_path / "f0").mkdir()
+        (tmp_path / "f0" / "x").write_bytes(b"file x")
+        (tmp_path / "f0" / "other").write_bytes(b"other")
+        sources = [tmp_path / "f0"]
+    else:
+        (tmp_path / "f0").mkdir()
+        (tmp_path / "f0" / "other").write_bytes(b"other")
+        _tar(tmp_path / "e.tar", {"x": b"file x"})
+        sources = [tmp_path / "f0", tmp_path / "e.tar"]
+    _tar(tmp_path / "a.tar", {"x/a": b"refused"})
+    _tar(tmp_path / "b.tar", {"x": None})
+    sources += [tmp_path / "a.tar", tmp_path / "b.tar"]
+    with ratarmountcore.open([str(p) for p in sources]) as src:
+        assert src.listdir("/x") == [] and not src.exists("/x/a")
+    mnt = mounter.mount(*sources, extra=["--fuse-api", api])
+    assert os.listdir(mnt / "x") == []
+    with pytest.raises(OSError) as caught:
+        os.stat(mnt / "x" / "a")
+    assert caught.value.errno == errno.ENOENT
+    mounter.unmount(mnt)
+
+
+def test_a_folder_only_implied_in_an_archive_of_a_folder_source_replaces_no_file(tmp_path: Path) -> None:
+    """-r: b.tar/a is a file in the first folder; the second folder's b.tar is an archive whose
+    a/c/f only implies a: the file stays (the implied folder replaced it, a/c/f was served)."""
+    (tmp_path / "f0" / "b.tar").mkdir(parents=True)
+    (tmp_path / "f0" / "b.tar" / "a").write_bytes(b"file a")
+    (tmp_path / "f1").mkdir()
+    _tar(tmp_path / "f1" / "b.tar", {"a/c/f": b"refused", "g": b"g"})
+    with ratarmountcore.open([str(tmp_path / "f0"), str(tmp_path / "f1")], OpenOptions(recursive=True)) as src:
+        assert sorted(src.listdir("/b.tar")) == ["a", "g"]
+        assert src.read("/b.tar/a") == b"file a" and not src.exists("/b.tar/a/c/f")
+
