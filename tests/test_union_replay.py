@@ -216,3 +216,25 @@ def test_a_folder_only_implied_in_an_archive_of_a_folder_source_replaces_no_file
         assert sorted(src.listdir("/b.tar")) == ["a", "g"]
         assert src.read("/b.tar/a") == b"file a" and not src.exists("/b.tar/a/c/f")
 
+
+@pytest.mark.parametrize("api", ["low", "high"])
+def test_two_hard_links_to_one_archive_of_a_folder_source_are_two_folders(
+    mounter: Mounter, tmp_path: Path, api: str
+) -> None:
+    """-r: the folder holds one archive under two names; an earlier tar adds a member below one of
+    them only. Each name lists its own entries through the mount (the kernel got one folder inode
+    for both, and listed /c.tar as /a.tar, found by fuzzing)."""
+    (tmp_path / "folder").mkdir()
+    _tar(tmp_path / "folder" / "a.tar", {"x/f": b"f"})
+    os.link(tmp_path / "folder" / "a.tar", tmp_path / "folder" / "c.tar")
+    _tar(tmp_path / "s0.tar", {"a.tar/extra": b"extra"})
+    sources = [tmp_path / "s0.tar", tmp_path / "folder"]
+    expected = {"/a.tar": ["extra", "x"], "/c.tar": ["x"], "/a.tar/x": ["f"], "/c.tar/x": ["f"]}
+    with ratarmountcore.open([str(p) for p in sources], OpenOptions(recursive=True)) as src:
+        assert {folder: sorted(src.listdir(folder)) for folder in expected} == expected
+    mnt = mounter.mount(*sources, extra=["-r", "--fuse-api", api])
+    for order in (list(expected), list(reversed(expected))):
+        assert {folder: sorted(os.listdir(f"{mnt}{folder}")) for folder in order} == expected
+    assert os.stat(mnt / "a.tar").st_ino != os.stat(mnt / "c.tar").st_ino
+    assert not os.path.exists(mnt / "c.tar" / "extra")
+    mounter.unmount(mnt)

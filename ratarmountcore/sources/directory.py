@@ -33,6 +33,7 @@ members by it instead of keeping a table of paths (a ``find`` over 1,000 class t
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
 import stat
@@ -175,7 +176,10 @@ class DirectorySource(MountSource):
         if isinstance(locator, FileLocator) and locator.identity:
             return locator.identity
         if isinstance(locator, ArchiveLocator) and locator.identity:
-            return locator.identity
+            # (And by its path: two hard links to one archive are two folders. The kernel keeps
+            # one name per folder inode, and in a union the two may hold different entries.)
+            digest = hashlib.blake2b(locator.relative.encode("utf-8", "surrogateescape"), digest_size=8).digest()
+            return (*locator.identity, int.from_bytes(digest, "little"))
         return None
 
     def is_immutable_entry(self, info: FileInfo) -> bool:
