@@ -147,9 +147,17 @@ THREADS_AT_FORK_SCRIPT = textwrap.dedent(
     """
     import os, sys, threading
 
+    def live(task):
+        # (A thread joined just now may stay listed for a moment, exiting: not one that runs.)
+        try:
+            with open(f"/proc/self/task/{task}/stat") as f:
+                return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+        except FileNotFoundError:
+            return False
+
     def native_threads():
         # Threads of the process that are not Python's (the decoders' worker threads).
-        return len(os.listdir("/proc/self/task")) - threading.active_count()
+        return sum(map(live, os.listdir("/proc/self/task"))) - threading.active_count()
 
     counts = []
     # Registered before ratarmountcore's hooks, so it runs after them, right before the fork.
