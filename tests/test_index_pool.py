@@ -105,3 +105,37 @@ def test_union_of_many_archives_reads_with_connections_closed_under_it(
                 assert src.read(f"/d{i}/f.txt") == f"file {i}".encode()
         assert src.read("/shared.txt") == b"11"
         assert sorted(src.listdir("/")) == sorted([f"d{i}" for i in range(12)] + ["shared.txt"])
+
+
+def test_closing_a_pool_leaves_a_query_in_flight_to_finish(tmp_path: Path) -> None:
+    """A source's reader threads query its index while the source closes (closing a .tar.gz
+    just after a read crashed the process in libsqlite3, found by fuzzing): the pool closes the
+    idle connections at once, the one in use when its query ends, and opens no new one."""
+    import threading
+    import time
+
+    path = tmp_path / "t.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE t (x INTEGER)")
+    pool = ConnectionPool(str(path))
+    pool.query("SELECT 1")  # (one idle connection)
+    slow = "WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 3000000) SELECT count(*) FROM c"
+    started, results = threading.Event(), []
+
+    def query() -> None:
+        started.set()
+        results.append(pool.query(slow, one=True))
+
+    thread = threading.Thread(target=query)
+    thread.start()
+    started.wait()
+    while pool._idle:  # (the slow query borrowed the connection)  # noqa: SLF001
+        time.sleep(0.001)
+    pool.close()
+    assert pool.connection_count == 1  # the one in use is left to finish
+    thread.join()
+    assert results == [(3000000,)]
+    assert pool.connection_count == 0
+    with pytest.raises(sqlite3.Error):
+        pool.query("SELECT 1")
+    assert pool.connection_count == 0

@@ -146,6 +146,8 @@ class ConnectionPool:
         self._warmer: Optional[IndexWarmer] = None
         #: ``_TICKS`` at the last query (see ``_IdleConnections``).
         self._last_used = 0
+        #: Set by ``close``: connections in use then are closed when their query ends.
+        self._closed = False
         _LIVE.add(self)
 
     def _connect(self) -> Optional[sqlite3.Connection]:
@@ -173,6 +175,9 @@ class ConnectionPool:
             return None
         identity = (st.st_dev, st.st_ino)
         with self._lock:
+            if self._closed:
+                conn.close()
+                raise sqlite3.ProgrammingError(f"{self.path}: the index was closed")
             if self._identity is None:
                 self._identity = identity
             elif identity != self._identity:
@@ -199,6 +204,8 @@ class ConnectionPool:
 
     def _borrow(self) -> sqlite3.Connection:
         with self._lock:
+            if self._closed:
+                raise sqlite3.ProgrammingError(f"{self.path}: the index was closed")
             if self._idle:
                 return self._idle.pop()
             replaced = self._replaced and bool(self._all)
@@ -208,7 +215,7 @@ class ConnectionPool:
                 return conn
         with self._lock:
             while not self._idle:
-                if not self._all:  # (closed meanwhile)
+                if self._closed or not self._all:  # (closed meanwhile)
                     raise sqlite3.OperationalError(f"{self.path}: no connection to the index is left")
                 self._returned.wait()
             return self._idle.pop()
@@ -225,9 +232,16 @@ class ConnectionPool:
                 return cursor.fetchone() if one else cursor.fetchall()
             finally:
                 with self._lock:
-                    if conn in self._all:  # (not when the pool was closed meanwhile)
+                    left = self._closed  # (closed meanwhile: this one was left open for this query)
+                    if left:
+                        self._all.remove(conn)
+                        self._returned.notify_all()
+                    elif conn in self._all:
                         self._idle.append(conn)
                         self._returned.notify()
+                if left:
+                    conn.close()
+                    _IDLE.closed(1)
 
     def _close_idle(self, most: int) -> int:
         """Close up to ``most`` idle connections (the process has too many open); how many. A
@@ -258,10 +272,13 @@ class ConnectionPool:
         if self._warmer is not None:
             self._warmer.close()
         with sqlite_gate.gate, self._lock:
-            connections = list(self._all)
+            # Only the idle ones: a connection closed under another thread's query crashed the
+            # process in libsqlite3; those in use are closed when their query ends.
+            self._closed = True
+            connections = list(self._idle)
             for conn in connections:
                 conn.close()
-            self._all.clear()
+                self._all.remove(conn)
             self._idle.clear()
             self._returned.notify_all()
         _IDLE.closed(len(connections))

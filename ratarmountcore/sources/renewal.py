@@ -45,8 +45,10 @@ class RenewedAfterFork:
         self._close_inner()
         if self._watch is not None:
             self._watch.close()  # (its descriptor goes with the reader)
-        self._index.close()
+        # The reader first: its threads (read-ahead, warming) query the index for seek points,
+        # and a connection closed under a query crashed the process in libsqlite3.
         self._reader.close()
+        self._index.close()
 
     def _close_inner(self) -> None:
         """What a source holds besides its reader, index and watch (closed first)."""
