@@ -1074,3 +1074,26 @@ def test_gzip_padded_with_zero_bytes_is_refused_with_the_way_out(tmp_path: Path)
     with ratarmountcore.open(str(archive), options(gzip_backend="indexed_gzip")) as source:
         for name, data in members_of(tar).items():
             assert source.read(name) == data
+
+
+@pytest.mark.parametrize(
+    "payloads",
+    [
+        [b"abc", b"defg"],
+        [b"x" * n for n in range(1, 60)],
+        [b"", b"after an empty stream"],
+        [os.urandom(300_000), b"tail"],
+    ],
+    ids=["two-tiny", "many-tiny", "empty-first", "large-then-tiny"],
+)
+def test_a_multi_stream_bzip2_file_of_small_streams_is_mounted_whole(tmp_path: Path, payloads: List[bytes]) -> None:
+    """``cat a.bz2 b.bz2`` of small files is a valid .bz2 (``bzip2 -d`` gives both); its first
+    bytes, read to recognise the file, used to call a finished decompressor and refuse it as
+    corrupt when its streams ended within them (found by fuzzing)."""
+    path = tmp_path / "joined.bin.bz2"
+    path.write_bytes(b"".join(bz2.compress(p) for p in payloads))
+    expected = b"".join(payloads)
+    assert subprocess.run(["bzip2", "-dc", str(path)], capture_output=True, check=True).stdout == expected
+    with ratarmountcore.open(str(path)) as src:
+        assert src.listdir("/") == ["joined.bin"]
+        assert src.read("/joined.bin") == expected

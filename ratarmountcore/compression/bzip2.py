@@ -153,6 +153,16 @@ class Bzip2Reader(PooledReader):
         decompressor = bz2.BZ2Decompressor()
         with self.data_errors():
             while len(out) < size:
+                if decompressor.eof:  # (the next stream of a multi-stream file, if any)
+                    rest = decompressor.unused_data
+                    if not rest:
+                        rest = self.raw_pread(offset, 64 * 1024)
+                        offset += len(rest)
+                    if not rest.strip(b"\0"):
+                        break
+                    decompressor = bz2.BZ2Decompressor()
+                    out += decompressor.decompress(rest, size - len(out))
+                    continue
                 if decompressor.needs_input:
                     chunk = self.raw_pread(offset, 64 * 1024)
                     if not chunk:
@@ -161,10 +171,4 @@ class Bzip2Reader(PooledReader):
                 else:
                     chunk = b""
                 out += decompressor.decompress(chunk, size - len(out))
-                if decompressor.eof:
-                    rest = decompressor.unused_data
-                    if not rest.strip(b"\0"):
-                        break
-                    decompressor = bz2.BZ2Decompressor()
-                    out += decompressor.decompress(rest, max(0, size - len(out)))
         return bytes(out[:size])
