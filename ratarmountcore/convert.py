@@ -25,7 +25,7 @@ from typing import Any, BinaryIO, Callable, Deque, List, Optional, Tuple
 from .compression.base import CompressedReader
 from .compression.frame_crcs import FrameCrcs, crcs_of
 from .compression.framed import FrameTable
-from .errors import ArchiveError, NotFoundError, RatarmountError, UnsupportedFormatError
+from .errors import ArchiveError, IndexWriteError, NotFoundError, RatarmountError, UnsupportedFormatError
 from .formats import COMPRESSIONS, FormatId, sniff_bytes
 from .index.fingerprint import ArchiveStats, archive_stats
 from .index.locations import candidate_paths, folder_writable
@@ -343,11 +343,16 @@ def convert_to_seekable_zstd(
             rows.add(single_file_record(decompressed_name(dst_path), total, st.st_mode, stats, owner))
         rows.put_seek_points(ZstdReader.backend_name, ZstdReader.seek_point_blobs(table, stats.size))
         rows.put_seek_points(ZstdReader.crc_table_name(), frames.crcs.parts(len(table)))
-        os.replace(temp_path, dst_path)
         index_path = None
-        if writer is not None:
+        if writer is not None:  # (before the output is in place: a failure leaves neither)
             writer.commit(stats.mtime_ns, *owner)
             index_path = writer.final_path
+        try:
+            os.replace(temp_path, dst_path)
+        except BaseException:
+            if index_path is not None:
+                os.unlink(index_path)
+            raise
         logger.info(
             "Wrote %s: %d frames, %d -> %d bytes%s",
             dst_path,
@@ -357,7 +362,7 @@ def convert_to_seekable_zstd(
             f", index {index_path}" if index_path else "",
         )
         return ConversionResult(dst_path, index_path, layout, len(table), total, stats.size)
-    except BaseException:
+    except BaseException as exc:
         if frames is not None:
             frames.abort()
         if writer is not None:
@@ -366,6 +371,8 @@ def convert_to_seekable_zstd(
             os.unlink(temp_path)
         except FileNotFoundError:
             pass
+        if isinstance(exc, sqlite3.Error) and writer is not None:  # (the disk filled up)
+            raise IndexWriteError(f"{dst_path}: cannot write its index {writer.final_path} ({exc})") from None
         raise
     finally:
         if compressed is not None and source is not compressed:

@@ -105,6 +105,10 @@ class StaleIndexError(InvalidIndexError):
     """The index does not belong to the archive as it is now (or to this format version)."""
 
 
+class IndexWriteError(IndexFileError, OSError):
+    """Writing the index failed on the way (the disk filled up, an I/O error)."""
+
+
 class IndexNotWritableError(IndexFileError, PermissionError):
     """No candidate location for the index is writable."""
 

@@ -15,6 +15,7 @@ import os
 import random
 import shutil
 import signal
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -1097,3 +1098,39 @@ def test_a_multi_stream_bzip2_file_of_small_streams_is_mounted_whole(tmp_path: P
     with ratarmountcore.open(str(path)) as src:
         assert src.listdir("/") == ["joined.bin"]
         assert src.read("/joined.bin") == expected
+
+
+@pytest.mark.parametrize("stage", ["rows", "commit"])
+def test_an_index_that_fills_the_disk_is_a_one_line_error_and_leaves_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, stage: str
+) -> None:
+    """The index's folder fills up while the index is written (SQLite: "database or disk is
+    full"): the converter and a first mount say which index could not be written, in one line,
+    and leave no output, index or temporary file (the converter printed a traceback and left
+    the output in place without its index, found by fuzzing with a tiny tmpfs)."""
+    from conftest import tar_bytes
+
+    from ratarmount.convert_cli import main
+    from ratarmountcore.errors import IndexWriteError
+    from ratarmountcore.index.sqlite_index import IndexWriter
+
+    method = "_flush" if stage == "rows" else "commit"
+    original = getattr(IndexWriter, method)
+
+    def full(self: IndexWriter, *args: object) -> None:
+        if stage == "rows":  # (some rows written, then no room for more)
+            original(self, *args)
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(IndexWriter, method, full)
+    source = tmp_path / "data.tar.gz"
+    source.write_bytes(gzip.compress(tar_bytes({f"d/f{i}": b"x" * i for i in range(50)})))
+    before = sorted(os.listdir(tmp_path))
+    out = tmp_path / "out.tar.zst"
+    assert main([str(source), str(out), "--no-progress"]) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "Traceback" not in error
+    assert "cannot write its index" in error and "out.tar.zst.index.sqlite" in error and "disk is full" in error
+    with pytest.raises(IndexWriteError, match="data.tar.gz.index.sqlite"):
+        ratarmountcore.open(str(source), options())
+    assert sorted(os.listdir(tmp_path)) == before

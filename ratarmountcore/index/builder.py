@@ -18,7 +18,7 @@ import sqlite3
 import threading
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ..errors import IndexNotWritableError, InvalidIndexError, StaleIndexError
+from ..errors import IndexNotWritableError, IndexWriteError, InvalidIndexError, StaleIndexError
 from ..io.descriptors import check_left
 from ..options import IndexOptions
 from .fingerprint import ArchiveStats
@@ -118,9 +118,12 @@ def open_or_build(
                 target,
             )
         logger.info("Creating index %s", target)
-        with writer:
-            build(writer)
-            writer.commit(stats.mtime_ns, *implicit_owner)
+        try:
+            with writer:
+                build(writer)
+                writer.commit(stats.mtime_ns, *implicit_owner)
+        except sqlite3.Error as exc:  # (the disk filled up: "database or disk is full")
+            raise IndexWriteError(f"{archive_path}: cannot write its index {target} ({exc})") from None
         return IndexReader(target)
     held = ""
     if foreign:
