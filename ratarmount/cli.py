@@ -16,6 +16,7 @@ from ratarmountcore import __version__
 from ratarmountcore.errors import RatarmountError
 from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
 
+from .arg_types import mib, positive_mib, threads
 from .termination import ended_by, exit_status, sigterm_raises
 from .workers import loop_threads
 
@@ -94,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-P",
         "--parallelization",
-        type=int,
+        type=threads,
         default=0,
         metavar="N",
         help="threads for parallel decompression (default 0: all cores; gzip through rapidgzip: two per core)",
@@ -103,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--seek-point-spacing",
         "--gzip-seek-point-spacing",
-        type=float,
+        type=positive_mib,
         default=None,
         metavar="MiB",
         help="distance between gzip seek points stored in the index, in MiB (default: 0.375 of compressed "
@@ -112,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--cache-size",
-        type=float,
+        type=mib,
         default=32.0,
         metavar="MiB",
         help="decoded data kept, all compressed archives together, for reads near earlier ones (default 32; 0: off)",

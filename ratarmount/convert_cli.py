@@ -13,6 +13,7 @@ from ratarmountcore import __version__
 from ratarmountcore.errors import RatarmountError
 from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
 
+from .arg_types import positive_mib, threads
 from .cli import parse_index_folders
 from .termination import ended_by, exit_status, sigterm_raises
 
@@ -29,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("output", help="file to write (usually ending in .tar.zst)")
     parser.add_argument(
         "--frame-size",
-        type=float,
+        type=positive_mib,
         default=4.0,
         metavar="MiB",
         help="uncompressed bytes per independent zstd frame, in MiB (default 4); smaller seeks faster, "
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-P",
         "--parallelization",
-        type=int,
+        type=threads,
         default=0,
         metavar="N",
         help="threads for decompression and compression (default 0: all cores)",
@@ -65,8 +66,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.WARNING, format="ratarmount-convert: %(message)s"
     )
-    if args.frame_size <= 0:
-        parser.error("--frame-size must be positive")
     folders = parse_index_folders(args.index_folders)
     options = OpenOptions(
         index=IndexOptions(index_file=args.index_file, index_folders=folders, progress=not args.no_progress),

@@ -882,3 +882,40 @@ def test_sigterm_during_the_first_index_build_leaves_nothing(tmp_path: Path, too
         if process.poll() is None:
             process.kill()
         lazy_unmount(work / "mnt")
+
+
+@pytest.mark.parametrize(
+    "option,value",
+    [
+        ("--cache-size", "inf"),
+        ("--cache-size", "nan"),
+        ("--cache-size", "-1"),
+        ("--seek-point-spacing", "inf"),
+        ("--seek-point-spacing", "0"),
+        ("-P", "-2"),
+        ("--frame-size", "inf"),
+        ("--frame-size", "nan"),
+        ("--frame-size", "0"),
+    ],
+)
+def test_sizes_and_counts_out_of_range_are_usage_errors(tmp_path: Path, option: str, value: str) -> None:
+    """``inf``/``nan`` went on to ``int()`` and ended in a traceback (found by fuzzing)."""
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(tar_bytes({"f": b"abc"}))
+    if option == "--frame-size":
+        command = [
+            sys.executable,
+            "-m",
+            "ratarmount.convert_cli",
+            option,
+            value,
+            str(archive),
+            str(tmp_path / "o.tar.zst"),
+        ]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    else:
+        (tmp_path / "mnt").mkdir()
+        result = run_ratarmount(option, value, str(archive), str(tmp_path / "mnt"))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and f"{value!r}" in result.stderr
+    assert not [name for name in os.listdir(tmp_path) if name not in ("a.tar", "mnt", "home")]

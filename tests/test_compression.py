@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import pytest
+from conftest import tar_bytes
 
 import ratarmountcore
 from ratarmountcore.compression.base import CompressedReader
@@ -1108,8 +1109,6 @@ def test_an_index_that_fills_the_disk_is_a_one_line_error_and_leaves_nothing(
     full"): the converter and a first mount say which index could not be written, in one line,
     and leave no output, index or temporary file (the converter printed a traceback and left
     the output in place without its index, found by fuzzing with a tiny tmpfs)."""
-    from conftest import tar_bytes
-
     from ratarmount.convert_cli import main
     from ratarmountcore.errors import IndexWriteError
     from ratarmountcore.index.sqlite_index import IndexWriter
@@ -1134,3 +1133,13 @@ def test_an_index_that_fills_the_disk_is_a_one_line_error_and_leaves_nothing(
     with pytest.raises(IndexWriteError, match="data.tar.gz.index.sqlite"):
         ratarmountcore.open(str(source), options())
     assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_the_converter_names_a_truncated_tar_in_its_error(tmp_path: Path) -> None:
+    """As a mount names it (the converter said only "archive ends inside member data ...")."""
+    whole = tar_bytes({f"f{i}": os.urandom(100_000) for i in range(3)})
+    source = tmp_path / "cut.tar"
+    source.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ArchiveError, match=f"^{source}: "):
+        convert_to_seekable_zstd(str(source), str(tmp_path / "out.tar.zst"), options=options())
+    assert sorted(os.listdir(tmp_path)) == ["cut.tar"]

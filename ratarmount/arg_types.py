@@ -1,0 +1,42 @@
+"""Argument types of the command lines: sizes in MiB and counts, checked when parsed (``inf`` or
+``nan`` went on to ``int()`` and ended in a traceback)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+#: The largest size an option takes, in MiB (1 TiB).
+MAX_MIB = float(1 << 20)
+
+
+def _mib(text: str, *, zero: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero) or value > MAX_MIB:
+        wanted = "0 or more" if zero else "more than 0"
+        raise argparse.ArgumentTypeError(f"{text!r}: a size in MiB, {wanted} and at most {MAX_MIB:.0f}")
+    return value
+
+
+def positive_mib(text: str) -> float:
+    """A size in MiB above 0."""
+    return _mib(text, zero=False)
+
+
+def mib(text: str) -> float:
+    """A size in MiB, 0 or more."""
+    return _mib(text, zero=True)
+
+
+def threads(text: str) -> int:
+    """A number of threads: 0 (all cores) or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: 0 (all cores) or more")
+    return value
