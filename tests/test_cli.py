@@ -915,7 +915,10 @@ def test_sizes_and_counts_out_of_range_are_usage_errors(tmp_path: Path, option: 
         result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     else:
         (tmp_path / "mnt").mkdir()
-        result = run_ratarmount(option, value, str(archive), str(tmp_path / "mnt"))
+        try:
+            result = run_ratarmount(option, value, str(archive), str(tmp_path / "mnt"))
+        finally:
+            lazy_unmount(tmp_path / "mnt")  # (when it mounted after all)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and f"{value!r}" in result.stderr
     assert not [name for name in os.listdir(tmp_path) if name not in ("a.tar", "mnt", "home")]
