@@ -82,6 +82,11 @@ class CorruptDataError(RatarmountError, OSError):
             self.errno = self.errno_code
 
 
+class CorruptIndexError(CorruptDataError):
+    """The index file was damaged after it was written, as far as SQLite sees it ("database
+    disk image is malformed"): reads through it fail with EIO."""
+
+
 class ArchiveChangedError(CorruptDataError):
     """The archive file changed while mounted: its index no longer describes it. Logged once
     where it is detected (``logged``), so front-ends do not log every read it fails."""
@@ -107,6 +112,11 @@ class StaleIndexError(InvalidIndexError):
 
 class IndexWriteError(IndexFileError, OSError):
     """Writing the index failed on the way (the disk filled up, an I/O error)."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        if self.errno is None:
+            self.errno = self.errno_code
 
 
 class IndexNotWritableError(IndexFileError, PermissionError):

@@ -406,3 +406,31 @@ def test_stat_rows_of_a_listing_agree_with_its_entries(tmp_path: Path) -> None:
                 assert names == [(r[0], r[1], r[7]) for r in whole[0 if limit == 100 else 1 :][:limit]], (path, limit)
         assert source.list_stat_rows_after("/d/a", None, 5) is None
         assert source.list_name_rows_after("/d/a", None, 5) is None
+
+
+def test_a_page_of_the_index_damaged_after_it_was_written_gives_eio(tmp_path: Path) -> None:
+    """SQLite's "database disk image is malformed" came out of the API as a bare
+    ``sqlite3.DatabaseError`` (found by fuzzing): it is an OSError with EIO naming the index and
+    what to do, and nothing is read from the damaged page."""
+    from ratarmountcore.errors import CorruptIndexError
+
+    archive = make_tar(tmp_path / "a.tar", 3000)
+    ratarmountcore.open(str(archive)).close()
+    index = tmp_path / "a.tar.index.sqlite"
+    data = bytearray(index.read_bytes())
+    page = struct.unpack(">H", data[16:18])[0]
+    pages = len(data) // page
+    damaged = 0
+    for number in range(pages // 3, pages, max(1, pages // 12)):  # (a few pages after the metadata)
+        data[number * page : (number + 1) * page] = bytes(page)
+        damaged += 1
+    index.write_bytes(bytes(data))
+    errors = []
+    with ratarmountcore.open(str(archive)) as src:
+        for i in range(3000):
+            try:
+                assert src.read(f"/d{i % 10}/f{i}") == str(i).encode()
+            except OSError as exc:
+                errors.append(exc)
+    assert errors and all(isinstance(e, CorruptIndexError) and e.errno == 5 for e in errors)
+    assert "a.tar.index.sqlite: the index is damaged" in str(errors[0]) and "--recreate-index" in str(errors[0])

@@ -35,8 +35,9 @@ import os
 import sqlite3
 import threading
 import weakref
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, NoReturn, Optional, Tuple
 
+from ..errors import CorruptIndexError
 from ..io import forks, sqlite_gate
 from .warm import IndexWarmer
 
@@ -148,6 +149,8 @@ class ConnectionPool:
         self._last_used = 0
         #: Set by ``close``: connections in use then are closed when their query ends.
         self._closed = False
+        #: Whether damage was logged (once per pool).
+        self._reported = False
         _LIVE.add(self)
 
     def _connect(self) -> Optional[sqlite3.Connection]:
@@ -230,6 +233,10 @@ class ConnectionPool:
             try:
                 cursor = conn.execute(sql, params)
                 return cursor.fetchone() if one else cursor.fetchall()
+            except sqlite3.DatabaseError as exc:
+                if type(exc) is not sqlite3.DatabaseError:  # (only damage: not a busy or closed file)
+                    raise
+                self._damaged(exc)
             finally:
                 with self._lock:
                     left = self._closed  # (closed meanwhile: this one was left open for this query)
@@ -242,6 +249,13 @@ class ConnectionPool:
                 if left:
                     conn.close()
                     _IDLE.closed(1)
+
+    def _damaged(self, exc: sqlite3.DatabaseError) -> NoReturn:
+        message = f"{self.path}: the index is damaged ({exc}); mount with --recreate-index to build it again"
+        if not self._reported:
+            self._reported = True
+            logger.error("%s", message)
+        raise CorruptIndexError(message) from None
 
     def _close_idle(self, most: int) -> int:
         """Close up to ``most`` idle connections (the process has too many open); how many. A
