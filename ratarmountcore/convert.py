@@ -314,7 +314,11 @@ def convert_to_seekable_zstd(
         def on_pull(position: int) -> None:
             bar.update(min(read() or 0, plain.size) if read is not None else position)
 
-        with open(temp_path, "wb") as out:
+        try:
+            out_file = open(temp_path, "wb")  # noqa: SIM115 - closed by the with below
+        except OSError as exc:  # (named as the user named it, not by the temporary name)
+            raise RatarmountError(f"{dst_path}: cannot write ({exc.strerror})") from None
+        with out_file as out:
             frames = FrameWriter(out, frame_size, level, options.compression.threads())
             tee = TeeReader(source, frames.write, on_pull)
             try:

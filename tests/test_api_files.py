@@ -17,6 +17,7 @@ import pytest
 
 import ratarmountcore
 from ratarmountcore.options import IndexOptions, OpenOptions
+from ratarmountcore.sources.base import FileInfo
 
 
 def _archive(path: Path) -> Path:
@@ -126,3 +127,12 @@ def test_converting_into_a_folder_is_refused_before_any_work(tmp_path: Path) -> 
     result = _convert("-f", "--index-file", str(tmp_path / "i.sqlite"), str(archive), str(tmp_path / "out"))
     assert result.returncode == 1 and "out is a folder" in result.stderr and "Traceback" not in result.stderr
     assert sorted(os.listdir(tmp_path)) == ["a.tar", "out"] and not os.listdir(tmp_path / "out")
+
+
+@pytest.mark.parametrize("mtime_ns", [5_000_000_000_999_999_999, -1, -1_500_000_000, 0, 1_700_000_000_123_456_789])
+def test_whole_seconds_of_a_stat_are_those_of_the_nanoseconds(mtime_ns: int) -> None:
+    """``stat_result[8]`` is whole seconds, as ``os.stat`` gives them (a float was there, which
+    ``int()`` rounded a second up near the end of one, found by fuzzing)."""
+    st = FileInfo(0o100644, 1, mtime_ns, 0, 0).to_stat_result()
+    assert st[7] == st[8] == st[9] == mtime_ns // 10**9 and isinstance(st[8], int)
+    assert st.st_mtime_ns == mtime_ns

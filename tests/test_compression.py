@@ -34,7 +34,7 @@ from ratarmountcore.compression.framed import FrameTable
 from ratarmountcore.compression.registry import BACKENDS, open_compressed, select_backend
 from ratarmountcore.compression.zstd import ZstdReader
 from ratarmountcore.convert import convert_to_seekable_zstd
-from ratarmountcore.errors import ArchiveError, CorruptDataError, MissingBackendError
+from ratarmountcore.errors import ArchiveError, CorruptDataError, MissingBackendError, RatarmountError
 from ratarmountcore.formats import FormatId
 from ratarmountcore.index.sqlite_index import IndexReader
 from ratarmountcore.io.readers import PlainFileReader, ReaderStream
@@ -1143,3 +1143,13 @@ def test_the_converter_names_a_truncated_tar_in_its_error(tmp_path: Path) -> Non
     with pytest.raises(ArchiveError, match=f"^{source}: "):
         convert_to_seekable_zstd(str(source), str(tmp_path / "out.tar.zst"), options=options())
     assert sorted(os.listdir(tmp_path)) == ["cut.tar"]
+
+
+def test_an_output_that_cannot_be_written_is_named_as_given(tmp_path: Path) -> None:
+    """Not by the temporary name the converter writes first (found by fuzzing; as root, a
+    folder of sysfs is one that refuses new files)."""
+    source = tmp_path / "a.tar"
+    source.write_bytes(tar_bytes({"f": b"abc"}))
+    with pytest.raises(RatarmountError) as caught:
+        convert_to_seekable_zstd(str(source), "/sys/out.tar.zst", options=options())
+    assert str(caught.value).startswith("/sys/out.tar.zst: cannot write (") and "tmp" not in str(caught.value)

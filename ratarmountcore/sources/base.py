@@ -60,9 +60,10 @@ class FileInfo(NamedTuple):
 
     def to_stat_result(self) -> os.stat_result:
         mtime = self.mtime_ns / 1e9
+        seconds = self.mtime_ns // 10**9  # (whole seconds, as os.stat's; the float rounds up near a second)
         blocks = (self.size + 511) // 512
         return os.stat_result(
-            (self.mode, self.ino, 0, self.nlink, self.uid, self.gid, self.size, mtime, mtime, mtime)
+            (self.mode, self.ino, 0, self.nlink, self.uid, self.gid, self.size, seconds, seconds, seconds)
             + (mtime, mtime, mtime)
             + (self.mtime_ns, self.mtime_ns, self.mtime_ns)
             + (4096, blocks, self.rdev),
