@@ -176,12 +176,13 @@ class MountSource(ABC):
     def host_identity(self, info: FileInfo) -> Optional[Tuple[int, ...]]:
         """Which host file an entry is, as it was when ``info`` was made: the host's (device,
         inode number, change time) of a folder source's regular file, and (device, inode number,
-        size, mtime, change time) of an archive shown as a folder; None for anything else.
+        size, mtime, change time, a hash of its path) of an archive shown as a folder; None for
+        anything else.
         Front-ends name such entries by it rather than by path: a file renamed over another is
         another file (a process still reading the old one reads its bytes, not the new file's
-        through a shared kernel inode and page cache), all names of a hard-linked file are one,
-        and a replaced or rewritten archive is a new folder, whose members the kernel looks up
-        afresh."""
+        through a shared kernel inode and page cache), all names of a hard-linked file are one
+        (but not of an archive: a folder has one name), and a replaced or rewritten archive is a
+        new folder, whose members the kernel looks up afresh."""
         return None
 
     def will_read(self, info: FileInfo) -> None:  # noqa: B027 - a hint, ignored by default
