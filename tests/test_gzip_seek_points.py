@@ -172,8 +172,9 @@ def test_the_first_members_decide_the_seek_points_of_the_first_scan(
         for path, data in members(archive).items():
             assert src.read(path) == data
     cores = os.cpu_count() or 1
-    assert made[0] == ((1 << 20, cores) if large else (RapidgzipReader.default_spacing, 2 * cores))
-    assert RapidgzipReader.default_spacing == 384 * 1024
+    wanted = (RapidgzipReader.large_member_spacing, cores) if large else (RapidgzipReader.default_spacing, 2 * cores)
+    assert made[0] == wanted
+    assert (RapidgzipReader.default_spacing, RapidgzipReader.large_member_spacing) == (384 * 1024, 2 << 20)
     # An explicit spacing and -P are kept whatever the members.
     made.clear()
     (tmp_path / "a.tar.gz.index.sqlite").unlink()
