@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import signal
 import sys
 import threading
 from typing import Callable, Dict, Optional, Union
@@ -22,7 +23,7 @@ from ratarmountcore.sources.factory import open_source
 
 from .cli import MountOptions, check_mountpoint
 from .daemon_log import route_background_logs
-from .termination import default_signal_handlers
+from .termination import default_signal_handlers, ended_by, exit_status
 from .workers import default_max_threads
 
 logger = logging.getLogger(__name__)
@@ -132,6 +133,9 @@ def run_fuse(
     source = open_source(options.sources, options.open_options)
     label = os.path.basename(options.sources[0]) + ("" if len(options.sources) == 1 else ",...")
     try:
+        # Again, once the index is built (seconds may have passed): another mount made at the same
+        # point meanwhile would be stacked over, or under, this one.
+        check_mountpoint(options.mountpoint, options.fuse_options)
         if before_mount is not None:
             before_mount()
         mounted = []
@@ -226,6 +230,14 @@ def mount(options: MountOptions) -> int:
     return status
 
 
+def _stop_child(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
 def _remove_empty(folder: str) -> None:
     try:
         os.rmdir(folder)
@@ -287,28 +299,39 @@ def _daemonize(options: MountOptions, remove_mountpoint: bool = False) -> int:
                 logger.exception("mount failed")
             from .cli import describe
 
+            if isinstance(exc, KeyboardInterrupt):  # (SIGTERM or SIGINT sent to it alone)
+                line, status = f"ratarmount: {ended_by(exc)}", exit_status(exc)
+            else:
+                line, status = f"ratarmount: error: {describe(exc)}", 1
             try:
-                os.write(write_end, f"ratarmount: error: {describe(exc)}\n".encode("utf-8", "replace"))
+                os.write(write_end, f"{line}\n".encode("utf-8", "replace"))
             except OSError:
                 pass
-            status = 1
         os._exit(status)
 
     os.close(write_end)
     data = b""
-    while READY not in data:
-        chunk = os.read(read_end, 65536)
-        if not chunk:
-            break
-        data += chunk
-    os.close(read_end)
+    try:
+        while READY not in data:
+            chunk = os.read(read_end, 65536)
+            if not chunk:
+                break
+            data += chunk
+    except KeyboardInterrupt:
+        # Ctrl-C (or SIGTERM) before the mount was ready: the child, in a session of its own, got
+        # no signal, and would have mounted a second later with no one to unmount it. It ends
+        # the way it would on SIGTERM (no index left half-written, nothing mounted).
+        _stop_child(pid)
+        raise
+    finally:
+        os.close(read_end)
     text, ready, _ = data.partition(READY)
     lines = text.decode("utf-8", "replace").splitlines()
     if lines:
         sys.stderr.write("\n".join(lines) + "\n")
     if ready:
         return 0
-    os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     if not lines:
         sys.stderr.write("ratarmount: error: the mount process exited before the mount was ready\n")
-    return 1
+    return code if code in (130, 143) else 1  # (interrupted or terminated: its own status)
