@@ -341,6 +341,15 @@ def users_of(mountpoint: str, most: int = 5) -> List[str]:
     return found
 
 
+def _process_ended(mountpoint: str) -> bool:
+    """Whether the mount's daemon is gone (killed, out of memory): the kernel answers ENOTCONN."""
+    try:
+        os.listdir(mountpoint)
+    except OSError as exc:
+        return exc.errno == errno.ENOTCONN
+    return False
+
+
 def unmount(mountpoint: str) -> None:
     if not os.path.ismount(mountpoint):
         raise RatarmountError(f"{mountpoint} is not a mount point")
@@ -367,6 +376,8 @@ def unmount(mountpoint: str) -> None:
             users = users_of(mountpoint)
             if users:
                 why += f" (in use by {', '.join(users)})"
+            if _process_ended(mountpoint):
+                why += f"; its process has ended: fusermount3 -u -z {mountpoint} detaches it now"
         raise RatarmountError(f"cannot unmount {mountpoint}: {why}")
     raise RatarmountError("cannot unmount: neither fusermount3, fusermount nor umount is installed")
 

@@ -451,6 +451,30 @@ def test_mount_point_left_by_a_killed_daemon_is_named_as_such(mounter: Mounter, 
     mounter.unmount(mnt)
 
 
+@requires_fuse
+def test_unmount_of_a_dead_mount_in_use_says_its_process_ended(mounter: Mounter, archive: Path) -> None:
+    """A busy mount whose daemon was killed: ``-u`` said only "busy (in use by ...)", while the
+    mount point can never be used again until it is detached (found by fuzzing)."""
+    mnt = mounter.mount(archive)
+    holder = subprocess.Popen(["sleep", "60"], cwd=mnt)
+    try:
+        os.kill(daemon_of(mnt), signal.SIGKILL)
+        for _ in range(100):
+            try:
+                os.listdir(mnt)
+            except OSError:
+                break
+            time.sleep(0.02)
+        result = run_ratarmount("-u", str(mnt))
+        assert result.returncode != 0 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert f"in use by {holder.pid} (" in result.stderr
+        assert "its process has ended" in result.stderr and f"fusermount3 -u -z {mnt}" in result.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+        lazy_unmount(mnt)
+
+
 def test_unmount_of_non_mount_fails(tmp_path: Path) -> None:
     result = run_ratarmount("-u", str(tmp_path))
     assert result.returncode != 0 and "not a mount point" in result.stderr
