@@ -435,16 +435,21 @@ def daemon_of(mountpoint: Path) -> int:
     raise AssertionError(f"no daemon found for {mountpoint}")
 
 
+def kill_daemon(mountpoint: Path) -> None:
+    """SIGKILL to the mount's daemon, then wait until the kernel says so (ENOTCONN)."""
+    os.kill(daemon_of(mountpoint), signal.SIGKILL)
+    for _ in range(100):
+        try:
+            os.listdir(mountpoint)
+        except OSError:
+            return
+        time.sleep(0.02)
+
+
 @requires_fuse
 def test_mount_point_left_by_a_killed_daemon_is_named_as_such(mounter: Mounter, archive: Path) -> None:
     mnt = mounter.mount(archive)
-    os.kill(daemon_of(mnt), signal.SIGKILL)
-    for _ in range(100):
-        try:
-            os.listdir(mnt)
-        except OSError:
-            break
-        time.sleep(0.02)
+    kill_daemon(mnt)
     result = run_ratarmount(str(archive), str(mnt))
     assert result.returncode != 0 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "process has ended" in result.stderr and f"ratarmount -u {mnt}" in result.stderr
@@ -458,13 +463,7 @@ def test_unmount_of_a_dead_mount_in_use_says_its_process_ended(mounter: Mounter,
     mnt = mounter.mount(archive)
     holder = subprocess.Popen(["sleep", "60"], cwd=mnt)
     try:
-        os.kill(daemon_of(mnt), signal.SIGKILL)
-        for _ in range(100):
-            try:
-                os.listdir(mnt)
-            except OSError:
-                break
-            time.sleep(0.02)
+        kill_daemon(mnt)
         result = run_ratarmount("-u", str(mnt))
         assert result.returncode != 0 and len(result.stderr.strip().splitlines()) == 1, result.stderr
         assert f"in use by {holder.pid} (" in result.stderr
@@ -961,6 +960,13 @@ def slow_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def _start_mount(archive: Path, index_folder: Path, mnt: Path) -> "subprocess.Popen[str]":
+    index_folder.mkdir()
+    mnt.mkdir(exist_ok=True)
+    command = [*RATARMOUNT, "--index-folders", str(index_folder), str(archive), str(mnt)]
+    return subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+
+
 def _building(archive: Path, index_folder: Path, process: "subprocess.Popen[str]") -> None:
     """Wait until the index of ``archive`` is being written (its temporary file exists)."""
     deadline = time.monotonic() + 30
@@ -986,10 +992,7 @@ def test_a_background_mount_interrupted_during_its_build_mounts_nothing_later(
     """Ctrl-C while the index was built: the command said "interrupted", and a second later the
     mount appeared anyway, served by the daemon it had forked (found by fuzzing)."""
     index_folder, mnt = tmp_path / "idx", tmp_path / "mnt"
-    index_folder.mkdir()
-    mnt.mkdir()
-    command = [*RATARMOUNT, "--index-folders", str(index_folder), str(slow_archive), str(mnt)]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    process = _start_mount(slow_archive, index_folder, mnt)
     try:
         _building(slow_archive, index_folder, process)
         process.send_signal(signum)
@@ -1006,10 +1009,7 @@ def test_the_mount_process_terminated_during_its_build_says_so(slow_archive: Pat
     """A job scheduler's SIGTERM to the (detached) mount process: the command said only
     "ratarmount: error: " (found by fuzzing)."""
     index_folder, mnt = tmp_path / "idx", tmp_path / "mnt"
-    index_folder.mkdir()
-    mnt.mkdir()
-    command = [*RATARMOUNT, "--index-folders", str(index_folder), str(slow_archive), str(mnt)]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    process = _start_mount(slow_archive, index_folder, mnt)
     try:
         _building(slow_archive, index_folder, process)
         children = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
@@ -1030,9 +1030,7 @@ def test_two_mounts_at_one_point_started_together_make_one_mount(slow_archive: P
     processes = []
     try:
         for index_folder in (tmp_path / "idx1", tmp_path / "idx2"):
-            index_folder.mkdir()
-            command = [*RATARMOUNT, "--index-folders", str(index_folder), str(slow_archive), str(mnt)]
-            processes.append(subprocess.Popen(command, stderr=subprocess.PIPE, text=True))
+            processes.append(_start_mount(slow_archive, index_folder, mnt))
             _building(slow_archive, index_folder, processes[-1])
         results = sorted((p.wait(timeout=120), p.stderr.read() if p.stderr else "") for p in processes)
         assert [code for code, _ in results] == [0, 1]
