@@ -152,7 +152,7 @@ THREADS_AT_FORK_SCRIPT = textwrap.dedent(
         try:
             with open(f"/proc/self/task/{task}/stat") as f:
                 return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
-        except FileNotFoundError:
+        except OSError:  # (gone meanwhile: ENOENT, or ESRCH while it was being reaped)
             return False
 
     def native_threads():
