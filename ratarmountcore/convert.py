@@ -376,9 +376,9 @@ def convert_to_seekable_zstd(
         except FileNotFoundError:
             pass
         if isinstance(exc, sqlite3.Error) and writer is not None:  # (the disk filled up)
-            raise IndexWriteError(f"{dst_path}: cannot write its index {writer.final_path} ({exc})") from None
-        if isinstance(exc, ArchiveError) and not str(exc).startswith(src_path):  # (as a mount names it)
-            raise type(exc)(f"{src_path}: {exc}") from None
+            raise IndexWriteError.of(dst_path, writer.final_path, exc) from None
+        if isinstance(exc, ArchiveError):  # (as a mount names it)
+            raise exc.naming(src_path) from None
         raise
     finally:
         if compressed is not None and source is not compressed:

@@ -16,6 +16,16 @@ class RatarmountError(Exception):
     errno_code: int = errno.EIO
 
 
+class _CodedOSError(RatarmountError, OSError):
+    """An OSError raised with a message alone: its ``errno`` is the class's code (callers of
+    the library see EIO, ESTALE, ... too)."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        if self.errno is None:
+            self.errno = self.errno_code
+
+
 class NotFoundError(RatarmountError, FileNotFoundError):
     errno_code = errno.ENOENT
 
@@ -39,20 +49,20 @@ class IsASymlinkError(RatarmountError, OSError):
     errno_code = errno.ELOOP
 
 
-class ReplacedFileError(RatarmountError, OSError):
+class ReplacedFileError(_CodedOSError):
     """A folder's file was replaced (another file renamed over its name) since it was looked
     up: it is not opened in its place (ESTALE; the kernel then looks the name up again)."""
 
     errno_code = errno.ESTALE
 
-    def __init__(self, *args: object) -> None:
-        super().__init__(*args)
-        if self.errno is None:
-            self.errno = self.errno_code
-
 
 class ArchiveError(RatarmountError, ValueError):
     """The archive cannot be read as what it claims to be."""
+
+    def naming(self, path: str) -> "ArchiveError":
+        """The same error, its message starting with ``path`` (as one-line errors name the file)."""
+        message = str(self)
+        return type(self)(message if message.startswith(path) else f"{path}: {message}")
 
 
 class UnsupportedFormatError(ArchiveError):
@@ -71,15 +81,10 @@ class CorruptHeaderError(ArchiveError):
     """A tar header fails its checksum or holds impossible values."""
 
 
-class CorruptDataError(RatarmountError, OSError):
+class CorruptDataError(_CodedOSError):
     """Stored data failed an integrity check (CRC, hash); never served."""
 
     errno_code = errno.EIO
-
-    def __init__(self, *args: object) -> None:
-        super().__init__(*args)
-        if self.errno is None:  # (a message alone): callers of the library see EIO too
-            self.errno = self.errno_code
 
 
 class CorruptIndexError(CorruptDataError):
@@ -110,13 +115,12 @@ class StaleIndexError(InvalidIndexError):
     """The index does not belong to the archive as it is now (or to this format version)."""
 
 
-class IndexWriteError(IndexFileError, OSError):
+class IndexWriteError(IndexFileError, _CodedOSError):
     """Writing the index failed on the way (the disk filled up, an I/O error)."""
 
-    def __init__(self, *args: object) -> None:
-        super().__init__(*args)
-        if self.errno is None:
-            self.errno = self.errno_code
+    @classmethod
+    def of(cls, archive: str, index: str, cause: Exception) -> "IndexWriteError":
+        return cls(f"{archive}: cannot write its index {index} ({cause})")
 
 
 class IndexNotWritableError(IndexFileError, PermissionError):

@@ -435,6 +435,19 @@ def daemon_of(mountpoint: Path) -> int:
     raise AssertionError(f"no daemon found for {mountpoint}")
 
 
+def child_of(pid: int) -> int:
+    """A child process of ``pid`` (from /proc: pgrep is not on every machine)."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat_line = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat_line.rpartition(")")[2].split()[1]) == pid:
+                return int(entry)
+    raise AssertionError(f"no child of {pid}")
+
+
 def kill_daemon(mountpoint: Path) -> None:
     """SIGKILL to the mount's daemon, then wait until the kernel says so (ENOTCONN)."""
     os.kill(daemon_of(mountpoint), signal.SIGKILL)
@@ -1012,8 +1025,7 @@ def test_the_mount_process_terminated_during_its_build_says_so(slow_archive: Pat
     process = _start_mount(slow_archive, index_folder, mnt)
     try:
         _building(slow_archive, index_folder, process)
-        children = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
-        os.kill(int(children[0]), signal.SIGTERM)
+        os.kill(child_of(process.pid), signal.SIGTERM)
         _, err = process.communicate(timeout=60)
         assert process.returncode == 143 and err.strip().splitlines()[-1] == "ratarmount: terminated"
         assert _mounts_at(mnt) == 0 and not os.listdir(index_folder)

@@ -123,7 +123,7 @@ def open_or_build(
                 build(writer)
                 writer.commit(stats.mtime_ns, *implicit_owner)
         except sqlite3.Error as exc:  # (the disk filled up: "database or disk is full")
-            raise IndexWriteError(f"{archive_path}: cannot write its index {target} ({exc})") from None
+            raise IndexWriteError.of(archive_path, target, exc) from None
         return IndexReader(target)
     held = ""
     if foreign:

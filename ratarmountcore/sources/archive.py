@@ -455,8 +455,7 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
     except ArchiveError as exc:
         reader.close()  # a compressed reader closes its worker threads (and the plain file)
         plain.close()
-        message = str(exc)
-        raise type(exc)(message if message.startswith(path) else f"{path}: {message}") from None
+        raise exc.naming(path) from None
     except BaseException:
         reader.close()
         plain.close()

@@ -354,16 +354,26 @@ class UnionSource(MountSource):
     def _lookup_live(self, path: str) -> Optional[FileInfo]:
         """``lookup`` in a union with sources that may change: what tar -x of the sources in
         order leaves at ``path`` (``_resolve``)."""
+        return self._lookup_settled(path)[0]
+
+    def _lookup_settled(self, path: str) -> Tuple[Optional[FileInfo], Optional[Settled]]:
+        """``_lookup_live``, with how the path settled (None for a ``PATH.versions`` entry)."""
         settled = self._resolve(path)
         if settled is not None:
             info = self._owner_info(path, settled.owner)
-            if info is not None:
-                return self._wrap(settled.owner.source, info)
-        elif _VERSIONS_PART in path + "/":  # (below a folder only: not below a file of that name)
+            return (None if info is None else self._wrap(settled.owner.source, info)), settled
+        if _VERSIONS_PART in path + "/":  # (below a folder only: not below a file of that name)
             above = self.lookup(path.rpartition("/")[0] or "/")
             if above is not None and above.is_dir:
-                return self._lookup_versions(path)
-        return None
+                return self._lookup_versions(path), None
+        return None, None
+
+    def _folder(self, path: str) -> Tuple[Optional[FileInfo], Optional[Settled]]:
+        """``lookup`` of a folder about to be listed, with how it settled when the union has
+        sources that may change (``_merged_rows`` lists from there instead of settling it again)."""
+        if self._mutable and path != "/":
+            return self._lookup_settled(path)
+        return self.lookup(path), ROOT
 
     def _owner_info(self, path: str, owner: Claim) -> Optional[FileInfo]:
         return owner.info if owner.info is not None else self.sources[owner.source].lookup(path)
@@ -403,12 +413,14 @@ class UnionSource(MountSource):
             return FILE
         return IMPLIED if self.sources[number].is_implied(path, info) else FOLDER
 
-    def _merged_rows(self, path: str, after: Optional[bytes], limit: int) -> List[Tuple[StatRow, int]]:
+    def _merged_rows(
+        self, path: str, after: Optional[bytes], limit: int, above: Optional[Settled]
+    ) -> List[Tuple[StatRow, int]]:
         """The rows of folder ``path`` after ``after`` in name order (``limit`` -1: all) with the
         source of each: every name settled from the table's claims and the folder sources' rows
         as they are now. Within the table's part (up to its last name when it filled ``limit``),
-        so that the next part, after the last name returned, follows on without a gap."""
-        above = self._resolve(path)
+        so that the next part, after the last name returned, follows on without a gap. ``above``:
+        how ``path`` settled (``_folder``)."""
         if above is None or not above.is_dir:
             return []
         # Sources let through only in part: the table's part is read whole (rare), as a part of it
@@ -519,11 +531,11 @@ class UnionSource(MountSource):
     def _stat_rows(self, path: str, after: Optional[bytes], limit: int) -> Optional[List[StatRow]]:
         """The folder's rows after ``after`` in name order (``limit`` -1: all), from the union
         table: each name's winner with its attributes."""
-        info = self.lookup(path)
+        info, above = self._folder(path)
         if info is None or not info.is_dir:
             return None
         if self._mutable:
-            rows = [row for row, _number in self._merged_rows(path, after, limit)]
+            rows = [row for row, _number in self._merged_rows(path, after, limit, above)]
         else:
             rows = self._query(_STAT_ROWS_SQL, (encode(path), after or b"", limit))
         if not rows and isinstance(info.locator, UnionLocator) and not self._children(path, 1):
@@ -534,11 +546,11 @@ class UnionSource(MountSource):
         return plain_mtimes(rows)  # type: ignore[return-value]
 
     def list_name_rows_after(self, path: str, after: Optional[bytes], limit: int) -> Optional[List[NameRow]]:
-        info = self.lookup(path)
+        info, above = self._folder(path)
         if info is None or not info.is_dir:
             return None
         if self._mutable:
-            rows = [(r[0], r[1], r[7]) for r, _number in self._merged_rows(path, after, limit)]
+            rows = [(r[0], r[1], r[7]) for r, _number in self._merged_rows(path, after, limit, above)]
         else:
             rows = self._query(_NAME_ROWS_SQL, (encode(path), after or b"", limit))
         if not rows and isinstance(info.locator, UnionLocator) and not self._children(path, 1):
@@ -550,11 +562,11 @@ class UnionSource(MountSource):
         return (row[0], row[1], row[2], row[3], row[4], row[5], row[6], self._ino(number, row[7]), row[8])
 
     def list_entries(self, path: str) -> Optional[Iterable[Tuple[str, FileInfo]]]:
-        info = self.lookup(path)
+        info, above = self._folder(path)
         if info is None or not info.is_dir:
             return None
         children = (
-            [(row[0], number) for row, number in self._merged_rows(path, None, -1)]
+            [(row[0], number) for row, number in self._merged_rows(path, None, -1, above)]
             if self._mutable
             else self._children(path)
         )
@@ -591,11 +603,11 @@ class UnionSource(MountSource):
         if limit < 0:
             entries = self.list_entries(path)
             return None if entries is None else list(entries)
-        info = self.lookup(path)
+        info, above = self._folder(path)
         if info is None or not info.is_dir:
             return None
         part = (
-            [(row[0], number) for row, number in self._merged_rows(path, None, limit)]
+            [(row[0], number) for row, number in self._merged_rows(path, None, limit, above)]
             if self._mutable
             else self._query(
                 "SELECT name, source FROM entries WHERE parent = ? ORDER BY name LIMIT ?", (encode(path), limit)
