@@ -1,3 +1,3 @@
-from .cli import main
+from .entry import ratarmount
 
-raise SystemExit(main())
+raise SystemExit(ratarmount())
