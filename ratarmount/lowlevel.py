@@ -33,7 +33,7 @@ from .capabilities import (
 )
 from .errnos import errno_of
 from .lowlevel_ops import LowLevelOperations
-from .termination import default_signal_handlers
+from .session_loop import run_loop, signals_deferred, stop_signals
 from .workers import LOOP_OPTIONS
 
 logger = logging.getLogger(__name__)
@@ -155,8 +155,7 @@ def _load_library() -> Any:
     lib.fuse_session_mount.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
     lib.fuse_session_unmount.argtypes = [ctypes.c_void_p]
     lib.fuse_session_destroy.argtypes = [ctypes.c_void_p]
-    lib.fuse_set_signal_handlers.argtypes = [ctypes.c_void_p]
-    lib.fuse_remove_signal_handlers.argtypes = [ctypes.c_void_p]
+    lib.fuse_session_exit.argtypes = [ctypes.c_void_p]
     # Replies keep the GIL (``PyDLL``): a reply is one short write to /dev/fuse, and releasing
     # and taking the GIL back around it made busy workers hand it to each other twice more per
     # request (see ``docs/design.md``, "Threading model").
@@ -446,36 +445,43 @@ class LowLevelFuse:
 
     # --- session ------------------------------------------------------------------------------
     def serve(self, mountpoint: str, arguments: Sequence[bytes]) -> None:
-        """Mount, run the multi-threaded loop until unmounted or SIGINT/SIGTERM/SIGHUP, unmount."""
+        """Mount, run the multi-threaded loop until unmounted or SIGINT/SIGTERM/SIGHUP, unmount. A
+        signal is raised once the mount is gone (``KeyboardInterrupt``; ``Terminated`` for SIGTERM
+        and SIGHUP): the caller tells a mount ended after it was ready from an interrupted one."""
         lib = self.lib
         argv = (ctypes.c_char_p * (len(arguments) + 1))(*arguments, None)
         args = Args(len(arguments), argv, 0)
         session = lib.fuse_session_new(ctypes.byref(args), ctypes.byref(self._table), ctypes.sizeof(Operations), None)
         if not session:
             raise RatarmountError(f"cannot mount at {mountpoint}: libfuse rejected the options (see the message above)")
-        # libfuse installs its handlers (end the loop, unmount) only over default ones.
-        with default_signal_handlers():
+        with stop_signals():
             try:
-                if lib.fuse_set_signal_handlers(session) != 0:
-                    raise RatarmountError("cannot install the FUSE signal handlers")
-                try:
-                    if lib.fuse_session_mount(session, os.fsencode(mountpoint)) != 0:
-                        raise RatarmountError(f"cannot mount at {mountpoint} (see the message above)")
-                    try:
-                        if self.ops.prefetcher is not None:
-                            self.ops.prefetcher.invalidate = lambda node: self._invalidate(session, node)
-                        if not self._libfuse_asks_parallel_dirops:
-                            self.ops.parallel_dirops = parallel_dirops.negotiate(lib, session)
-                        config = lib.fuse_loop_cfg_create()
-                        try:
-                            lib.fuse_loop_cfg_set_max_threads(config, self.max_threads)
-                            lib.fuse_loop_cfg_set_idle_threads(config, self.idle_threads)
-                            lib.fuse_session_loop_mt_312(session, config)
-                        finally:
-                            lib.fuse_loop_cfg_destroy(config)
-                    finally:
-                        lib.fuse_session_unmount(session)
-                finally:
-                    lib.fuse_remove_signal_handlers(session)
+                self._mounted_loop(session, mountpoint)
             finally:
-                lib.fuse_session_destroy(session)
+                with signals_deferred():  # (libfuse calls ``destroy`` from here)
+                    lib.fuse_session_destroy(session)
+
+    def _mounted_loop(self, session: int, mountpoint: str) -> None:
+        lib = self.lib
+        try:  # (libfuse's unmount does nothing when the mount failed)
+            if lib.fuse_session_mount(session, os.fsencode(mountpoint)) != 0:
+                raise RatarmountError(f"cannot mount at {mountpoint} (see the message above)")
+            if self.ops.prefetcher is not None:
+                self.ops.prefetcher.invalidate = lambda node: self._invalidate(session, node)
+            if not self._libfuse_asks_parallel_dirops:
+                with signals_deferred():  # (libfuse calls ``init`` from here)
+                    self.ops.parallel_dirops = parallel_dirops.negotiate(lib, session)
+            config = lib.fuse_loop_cfg_create()
+            try:
+                lib.fuse_loop_cfg_set_max_threads(config, self.max_threads)
+                lib.fuse_loop_cfg_set_idle_threads(config, self.idle_threads)
+                # SIGINT/SIGTERM/SIGHUP end the loop from Python (see session_loop.py),
+                # not through libfuse's signal handlers.
+                run_loop(
+                    lambda: lib.fuse_session_loop_mt_312(session, config),
+                    lambda: lib.fuse_session_exit(session),
+                )
+            finally:
+                lib.fuse_loop_cfg_destroy(config)
+        finally:
+            lib.fuse_session_unmount(session)

@@ -162,9 +162,14 @@ def run_fuse(
 
             prefetcher = FolderPrefetcher(os.path.abspath(options.mountpoint))
             max_threads, idle_threads = loop_threads(options.fuse_options, options.sources)
-            LowLevelFuse(LowLevelOperations(source, ready, prefetcher), max_threads, idle_threads).serve(
-                options.mountpoint, session_arguments(options.fuse_options, fsname_for(label), options.debug >= 2)
-            )
+            try:
+                LowLevelFuse(LowLevelOperations(source, ready, prefetcher), max_threads, idle_threads).serve(
+                    options.mountpoint, session_arguments(options.fuse_options, fsname_for(label), options.debug >= 2)
+                )
+            except KeyboardInterrupt:  # (SIGINT, SIGTERM, SIGHUP: unmounted by now)
+                if not mounted:
+                    raise  # interrupted before it was ready
+                return  # the usual end of a mount in the foreground
             if not mounted:
                 raise RatarmountError(f"cannot mount at {options.mountpoint} (see the message above)")
             return
