@@ -26,7 +26,7 @@ from .compression.base import CompressedReader
 from .compression.frame_crcs import FrameCrcs, crcs_of
 from .compression.framed import FrameTable
 from .errors import ArchiveError, IndexWriteError, NotFoundError, RatarmountError, UnsupportedFormatError
-from .formats import COMPRESSIONS, FormatId, sniff_bytes
+from .formats import COMPRESSIONS, FormatId, is_tar_stream, sniff_bytes
 from .index.fingerprint import ArchiveStats, archive_stats
 from .index.locations import candidate_paths, folder_writable
 from .index.sqlite_index import IndexWriter, foreign_file
@@ -278,7 +278,7 @@ def convert_to_seekable_zstd(
         if fmt in COMPRESSIONS:
             compressed = open_compressed(src_path, plain, fmt, options.compression)
             compressed.expect_sequential_reads()
-            layout = "tar" if sniff_bytes(compressed.head(512)) is FormatId.TAR else "single_file"
+            layout = "tar" if is_tar_stream(compressed.head(512), compressed.head) else "single_file"
             tell_member_size(compressed)
             source = compressed.scan_reader()
         elif fmt is FormatId.TAR:

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -487,6 +488,86 @@ def test_single_compressed_file_is_mounted_as_one_file(
         with src.open("/" + name) as f:
             f.seek(len(content) // 2)
             assert f.read(1000) == content[len(content) // 2 : len(content) // 2 + 1000]
+
+
+def _pipe(command: List[str], data: bytes) -> bytes:
+    return subprocess.run(command, input=data, capture_output=True, check=True).stdout
+
+
+COMPRESSORS = {"gz": ["gzip", "-c"], "bz2": ["bzip2", "-c"], "xz": ["xz", "-c"], "zst": ["zstd", "-q", "-c"]}
+
+
+def _gzip_member(data: bytes, comment: bytes = b"") -> bytes:
+    flags = 16 if comment else 0  # FCOMMENT
+    head = b"\x1f\x8b\x08" + bytes([flags]) + b"\0\0\0\0\0\x03" + (comment + b"\0" if comment else b"")
+    deflate = zlib.compressobj(6, zlib.DEFLATED, -15)
+    body = deflate.compress(data) + deflate.flush()
+    return head + body + (zlib.crc32(data) & 0xFFFFFFFF).to_bytes(4, "little") + len(data).to_bytes(4, "little")
+
+
+def _multi_stream_cases(tar: bytes) -> Dict[str, bytes]:
+    """Files of several compressed streams whose first decodes to less than a tar header (found
+    by fuzzing: xz stopped at the first stream's end; gzip at a member ending at byte 65536)."""
+    xz = ["xz", "-c"]
+    base = len(_gzip_member(tar[:100], b"c"))
+    first = _gzip_member(tar[:100], b"c" * (65536 - base + 1))
+    assert len(first) == 65536
+    return {
+        "xz, empty first stream": _pipe(xz, b"") + _pipe(xz, tar),
+        "xz, first stream of 300 bytes": _pipe(xz, tar[:300]) + _pipe(xz, tar[300:]),
+        "xz, first stream of 100 bytes and padding": _pipe(xz, tar[:100]) + bytes(8) + _pipe(xz, tar[100:]),
+        "gzip, first member ending at byte 65536": first + _gzip_member(tar[100:]),
+    }
+
+
+@pytest.mark.parametrize("case", list(_multi_stream_cases(b"x" * 1024)))
+@pytest.mark.parametrize("backend", ["rapidgzip", "indexed_gzip"])
+def test_a_short_first_stream_does_not_hide_the_tar(case: str, backend: str, tmp_path: Path) -> None:
+    if backend != "rapidgzip" and not case.startswith("gzip"):
+        pytest.skip("the gzip backend matters only for gzip")
+    members = {"hello.txt": b"hello world\n" * 100, "b/c.bin": bytes(range(256)) * 30}
+    tar = tar_bytes(members)
+    path = tmp_path / ("x.tar.gz" if case.startswith("gzip") else "x.tar.xz")
+    path.write_bytes(_multi_stream_cases(tar)[case])
+    assert _pipe(["gzip" if case.startswith("gzip") else "xz", "-dc"], path.read_bytes()) == tar
+    for _mount in range(2):
+        with ratarmountcore.open(str(path), options(gzip_backend=backend)) as src:
+            assert sorted(src.listdir("/")) == ["b", "hello.txt"]
+            for name, data in members.items():
+                assert src.read("/" + name) == data
+
+
+@pytest.mark.parametrize("suffix", list(COMPRESSORS))
+def test_compressed_data_starting_with_zeros_is_a_file_unless_all_zeros(suffix: str, tmp_path: Path) -> None:
+    """A compressed disk image (an ext4 image starts with 1,024 zero bytes) is one file; it was an
+    empty folder, its bytes hidden (found by fuzzing). All zeros, as an empty tar is, it is an
+    empty archive, at the top and inside a tar (``-r``)."""
+    rng = random.Random(5)
+    image = bytearray(256 * 1024)
+    image[1024:1124] = rng.randbytes(100)
+    image[200_000:210_000] = rng.randbytes(10_000)
+    empty_tar = tar_bytes({})
+    assert not empty_tar.strip(b"\0")
+    (tmp_path / f"disk.img.{suffix}").write_bytes(_pipe(COMPRESSORS[suffix], bytes(image)))
+    (tmp_path / f"empty.tar.{suffix}").write_bytes(_pipe(COMPRESSORS[suffix], empty_tar))
+    (tmp_path / "outer.tar").write_bytes(
+        tar_bytes(
+            {
+                f"disk.img.{suffix}": (tmp_path / f"disk.img.{suffix}").read_bytes(),
+                f"empty.tar.{suffix}": (tmp_path / f"empty.tar.{suffix}").read_bytes(),
+            }
+        )
+    )
+    for _mount in range(2):
+        with ratarmountcore.open(str(tmp_path / f"disk.img.{suffix}"), options()) as src:
+            assert src.listdir("/") == ["disk.img"]
+            assert src.read("/disk.img") == bytes(image)
+        with ratarmountcore.open(str(tmp_path / f"empty.tar.{suffix}"), options()) as src:
+            assert src.listdir("/") == []
+        with ratarmountcore.open(str(tmp_path / "outer.tar"), OpenOptions(recursive=True)) as src:
+            assert src.info(f"/disk.img.{suffix}").is_file
+            assert src.read(f"/disk.img.{suffix}") == (tmp_path / f"disk.img.{suffix}").read_bytes()
+            assert src.info(f"/empty.tar.{suffix}").is_dir and src.listdir(f"/empty.tar.{suffix}") == []
 
 
 def test_bzip2_decoders_together_use_no_more_threads_than_cores(

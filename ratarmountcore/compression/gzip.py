@@ -359,22 +359,27 @@ class _GzipReader(PooledReader):
         """Inflate just the first bytes with zlib (no decoder, no seek points)."""
         out = bytearray()
         offset = 0
-        decompressor = zlib.decompressobj(wbits=31)
+        decompressor: Optional[Any] = None  # (None between members)
         with self.data_errors((zlib.error,)):
             while len(out) < size:
-                chunk = self.raw_pread(offset, 64 * 1024)
-                if not chunk:
+                data = self.raw_pread(offset, 64 * 1024)
+                if not data:
                     break
-                offset += len(chunk)
-                data = chunk
+                offset += len(data)
                 while data and len(out) < size:
+                    if decompressor is None:
+                        # Zero padding between or after members; a member may also end right at
+                        # the end of a chunk read (one ending at byte 65536 of the file ended the
+                        # head there: found by fuzzing).
+                        data = data.lstrip(b"\0")
+                        if not data:
+                            break
+                        decompressor = zlib.decompressobj(wbits=31)
                     out += decompressor.decompress(data, size - len(out))
                     data = decompressor.unconsumed_tail
                     if decompressor.eof:  # next member (concatenated gzip files)
                         data = decompressor.unused_data
-                        if not data.strip(b"\0"):
-                            return bytes(out)
-                        decompressor = zlib.decompressobj(wbits=31)
+                        decompressor = None
         return bytes(out[:size])
 
 

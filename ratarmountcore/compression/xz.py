@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import lzma
 import mmap
-from typing import Any, ClassVar, List, Tuple
+from typing import Any, ClassVar, List, Optional, Tuple
 
 from ..errors import CorruptDataError, TruncatedArchiveError
 from ..formats import FormatId
@@ -169,14 +169,27 @@ class XzReader(FramedReader):
     def head(self, size: int) -> bytes:
         out = bytearray()
         offset = 0
-        decompressor = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+        data = b""
+        decompressor: Optional[lzma.LZMADecompressor] = None  # (None between streams)
         with self.data_errors():
-            while len(out) < size and not decompressor.eof:
-                data = b""
-                if decompressor.needs_input:
-                    data = self.raw_pread(offset, 64 * 1024)
+            while len(out) < size:
+                if decompressor is None or (decompressor.needs_input and not data):
+                    if decompressor is None:
+                        data = data.lstrip(b"\0")  # stream padding
                     if not data:
-                        break
-                    offset += len(data)
+                        data = self.raw_pread(offset, 64 * 1024)
+                        if not data:
+                            break
+                        offset += len(data)
+                        continue
+                    if decompressor is None:
+                        # The next stream: a file of several (``xz a; xz b``) holds them all (a
+                        # first stream shorter than a tar header was taken for the whole file:
+                        # found by fuzzing).
+                        decompressor = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
                 out += decompressor.decompress(data, size - len(out))
+                data = b""
+                if decompressor.eof:
+                    data = decompressor.unused_data
+                    decompressor = None
         return bytes(out[:size])

@@ -367,7 +367,7 @@ def _renewal(
 def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSource:
     """Open (and on first use, index) the archive at ``path``."""
     from ..compression.registry import open_compressed
-    from ..formats import COMPRESSIONS, FormatId, has_tar_magic, sniff_bytes
+    from ..formats import COMPRESSIONS, has_tar_magic, is_tar_stream, sniff_bytes
     from ..io.descriptors import check_left
 
     options = options or OpenOptions()
@@ -405,7 +405,7 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
             reader = compressed
             build_options.update(compressed.index_options())
             head = compressed.head(512)
-            is_tar = sniff_bytes(head) is FormatId.TAR
+            is_tar = is_tar_stream(head, compressed.head)
             if not is_tar and has_tar_magic(head):
                 # A tar whose first header is damaged: in the compressed data (a read checked by
                 # the decoder says so), or in the tar itself. Not a single file named x.tar.

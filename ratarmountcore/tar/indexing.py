@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 from ..errors import ArchiveChangedError, ArchiveError, CorruptDataError, RatarmountError
-from ..formats import COMPRESSIONS, FormatId, sniff_bytes, stripped_tar_name
+from ..formats import COMPRESSIONS, FormatId, is_tar_stream, sniff_bytes, stripped_tar_name
 from ..index.sqlite_index import IndexWriter
 from ..io.readers import FileWindow, RandomAccessReader, ReaderStream
 from ..options import CompressionOptions
@@ -245,9 +245,7 @@ def _index_compressed_member(ctx: _Context, record: MemberRecord, fmt: FormatId,
         return
     try:
         try:
-            head = reader.head(BLOCK)
-            # (Not all zeros: a compressed disk image, say, starts with them.)
-            is_tar = sniff_bytes(head) is FormatId.TAR and head != b"\0" * BLOCK
+            is_tar = is_tar_stream(reader.head(BLOCK), reader.head)
         except (RatarmountError, OSError):
             is_tar = False
         if not is_tar:  # e.g. a .csv.gz: keep the member as it is
