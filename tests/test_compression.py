@@ -570,6 +570,20 @@ def test_compressed_data_starting_with_zeros_is_a_file_unless_all_zeros(suffix: 
             assert src.info(f"/empty.tar.{suffix}").is_dir and src.listdir(f"/empty.tar.{suffix}") == []
 
 
+def test_zstd_long_window_archive_is_read(tmp_path: Path) -> None:
+    """``tar -I 'zstd --long=28'``: frames asking for a 256 MiB window, refused as corrupt
+    ("Frame requires too much memory for decoding") though intact (found by fuzzing)."""
+    members = {"a.bin": random.Random(4).randbytes(100_000), "b.txt": b"text\n" * 1000}
+    tar = tar_bytes(members)
+    path = tmp_path / "long.tar.zst"
+    path.write_bytes(_pipe(["zstd", "--long=28", "-q", "-c", "-"], tar))  # (from a pipe: size unknown)
+    assert subprocess.run(["zstd", "-d", "-c", str(path)], capture_output=True).returncode != 0  # (needs --long)
+    for _mount in range(2):
+        with ratarmountcore.open(str(path), options()) as src:
+            for name, data in members.items():
+                assert src.read("/" + name) == data
+
+
 def test_bzip2_decoders_together_use_no_more_threads_than_cores(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

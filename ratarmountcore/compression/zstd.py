@@ -30,6 +30,12 @@ _FCS_BYTES = (0, 2, 4, 8)
 STEP = 4 << 20
 #: Decoded bytes per step when a stream skips forward.
 SKIP_STEP = 1 << 20
+#: The largest window a frame may ask for: the format's limit on 64-bit machines (``zstd --long=31``).
+#: python-zstandard refuses frames of windows above 128 MiB by default ("Frame requires too much
+#: memory for decoding"); a ``tar -I 'zstd --long=31'`` archive is intact, and ``zstd -d`` reads it
+#: when told so (found by fuzzing). A decoder holds at most the window, and for a frame of known
+#: size at most the frame.
+MAX_WINDOW = 1 << 31
 #: The most a zstd block decompresses to (the format's Block_Maximum_Size).
 BLOCK_MAX = 128 * 1024
 
@@ -66,7 +72,7 @@ class _ZstdFrameStream(FrameStream):
     def __init__(self, raw: Any) -> None:
         import zstandard
 
-        self._reader = zstandard.ZstdDecompressor().stream_reader(
+        self._reader = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW).stream_reader(
             raw, read_size=1 << 20, read_across_frames=False, closefd=False
         )
         self._scratch: Optional[memoryview] = None
@@ -218,7 +224,7 @@ class ZstdReader(FramedReader):
         if decompressor is None:
             import zstandard
 
-            decompressor = self._local.decompressor = zstandard.ZstdDecompressor()
+            decompressor = self._local.decompressor = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
         return decompressor
 
     def _decode_frame(self, frame: int, table: FrameTable) -> FrameData:
@@ -242,7 +248,9 @@ class ZstdReader(FramedReader):
         import zstandard
 
         raw: Any = self.open_raw()
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=False)
+        reader = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW).stream_reader(
+            raw, read_across_frames=True, closefd=False
+        )
         pieces = []
         remaining = size
         with self.data_errors():
