@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import zlib
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Optional
 
 
 class FormatId(enum.Enum):
@@ -62,6 +62,41 @@ def sniff_bytes(head: bytes) -> FormatId:
     if tar_header_checksum_ok(head[:512]) or (len(head) >= 512 and head[:512] == b"\0" * 512):
         return FormatId.TAR
     return FormatId.UNKNOWN
+
+
+#: Formats that are not ours, by their first bytes: what to tell a user who gives one (it was
+#: "not a tar archive (112 bytes, shorter than one tar header)", counting compressed bytes).
+_OTHER_FORMATS = (
+    (b"PK\x03\x04", "a zip archive"),
+    (b"PK\x05\x06", "a zip archive"),
+    (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive"),
+    (b"Rar!\x1a\x07", "a RAR archive"),
+    (b"\x04\x22\x4d\x18", "lz4 data (not supported: recompress it with zstd)"),
+    (b"LZIP", "lzip data (not supported: recompress it with xz)"),
+    (b"\x1f\x9d", "compress (.Z) data (not supported: recompress it with gzip)"),
+    (b"hsqs", "a SquashFS image (squashfuse mounts it)"),
+    (b"070701", "a cpio archive"),
+    (b"070707", "a cpio archive"),
+    (b"!<arch>\n", "an ar archive"),
+)
+
+
+def other_format(head: bytes) -> Optional[str]:
+    """What ``head`` (a file's first bytes) is when it is a format we know of but do not read."""
+    for magic, what in _OTHER_FORMATS:
+        if head.startswith(magic):
+            return what
+    if len(head) >= 13 and head[0] == 0x5D and head[1:5] in _LZMA_DICTIONARIES:
+        return "LZMA-alone (.lzma) data (not supported: recompress it with xz)"
+    if len(head) >= 2 and head[0] == 0x78 and (head[0] << 8 | head[1]) % 31 == 0:
+        return "zlib data (not supported: recompress it with gzip)"
+    return None
+
+
+#: Dictionary sizes ``xz --format=lzma`` and ``lzma`` write (2^n and 2^n + 2^(n-1)).
+_LZMA_DICTIONARIES = frozenset(
+    size.to_bytes(4, "little") for n in range(12, 31) for size in (1 << n, (1 << n) + (1 << (n - 1)))
+)
 
 
 #: Decompressed data that is all zeros up to this long is an empty tar (GNU tar writes records of

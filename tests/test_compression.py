@@ -584,6 +584,38 @@ def test_zstd_long_window_archive_is_read(tmp_path: Path) -> None:
                 assert src.read("/" + name) == data
 
 
+def _zip_bytes(data: bytes) -> bytes:
+    import zipfile
+
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        archive.writestr("x.txt", data)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    "name,make,said",
+    [
+        (
+            "x.tar.lzma",
+            lambda data: __import__("lzma").compress(data, format=__import__("lzma").FORMAT_ALONE),
+            "LZMA-alone",
+        ),
+        ("x.tar.zz", zlib.compress, "zlib data"),
+        ("x.zip", _zip_bytes, "a zip archive"),
+    ],
+)
+def test_formats_we_do_not_read_are_named(name: str, make: object, said: str, tmp_path: Path) -> None:
+    """Not "not a tar archive (112 bytes, shorter than one tar header)", which counted compressed
+    bytes of a .tar.lzma (found by fuzzing)."""
+    path = tmp_path / name
+    path.write_bytes(make(tar_bytes({"a.txt": b"a" * 2000})))  # type: ignore[operator]
+    with pytest.raises(ArchiveError) as caught:
+        ratarmountcore.open(str(path), options())
+    assert str(caught.value).startswith(f"{path}: not a tar archive: {said}")
+    assert sorted(os.listdir(tmp_path)) == [name]  # (no index, no temporary file)
+
+
 def test_bzip2_decoders_together_use_no_more_threads_than_cores(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -9,7 +9,7 @@ import stat
 import threading
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-from ..errors import ArchiveError, InvalidIndexError, NotFoundError, RatarmountError
+from ..errors import ArchiveError, InvalidIndexError, NotFoundError, RatarmountError, UnsupportedFormatError
 from ..formats import FormatId
 from ..index import dirents
 from ..index.builder import open_or_build
@@ -367,7 +367,7 @@ def _renewal(
 def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSource:
     """Open (and on first use, index) the archive at ``path``."""
     from ..compression.registry import open_compressed
-    from ..formats import COMPRESSIONS, has_tar_magic, is_tar_stream, sniff_bytes
+    from ..formats import COMPRESSIONS, has_tar_magic, is_tar_stream, other_format, sniff_bytes
     from ..io.descriptors import check_left
 
     options = options or OpenOptions()
@@ -393,7 +393,10 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
         owner = (os.fstat(plain.fd).st_uid, os.fstat(plain.fd).st_gid)
         if stats.size == 0:
             raise ArchiveError(f"{path}: file is empty")
-        fmt = sniff_bytes(plain.pread(0, 512))
+        start = plain.pread(0, 512)
+        fmt = sniff_bytes(start)
+        if fmt is FormatId.UNKNOWN and other_format(start) is not None:
+            raise UnsupportedFormatError(f"{path}: not a tar archive: {other_format(start)}")
         strip = options.recursive and options.strip_tar_extension
         build_options = {
             "format": fmt.value, "recursive": str(int(options.recursive)), "strip_tar_extension": str(int(strip)),
