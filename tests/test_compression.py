@@ -516,6 +516,7 @@ def _multi_stream_cases(tar: bytes) -> Dict[str, bytes]:
         "xz, empty first stream": _pipe(xz, b"") + _pipe(xz, tar),
         "xz, first stream of 300 bytes": _pipe(xz, tar[:300]) + _pipe(xz, tar[300:]),
         "xz, first stream of 100 bytes and padding": _pipe(xz, tar[:100]) + bytes(8) + _pipe(xz, tar[100:]),
+        "xz, 1 MiB of padding at the end": _pipe(xz, tar[:100]) + _pipe(xz, tar[100:]) + bytes((1 << 20) + 4),
         "gzip, first member ending at byte 65536": first + _gzip_member(tar[100:]),
     }
 

@@ -75,14 +75,25 @@ class XzReader(FramedReader):
     def data_errors(self, extra: Tuple[type, ...] = ()) -> Any:
         return super().data_errors((*extra, *_xz_errors()))
 
+    def _before_padding(self, end: int) -> int:
+        """Where the stream padding (null bytes, in fours) before ``end`` begins, read 64 KiB at a
+        time (four bytes a read cost 0.35 s per MiB of padding: found by fuzzing)."""
+        while end >= 4:
+            start = max(end - 65536, end % 4)
+            data = self.raw_pread(start, end - start)
+            kept = len(data.rstrip(b"\0"))
+            end = start + kept + (len(data) - kept) % 4  # (only whole fours are padding)
+            if kept or len(data) < 65536:
+                break
+        return end
+
     def _build_table(self) -> FrameTable:
         from xz.common import parse_xz_footer, parse_xz_header, parse_xz_index
 
         streams: List[List[Tuple[int, int, int, int]]] = []  # (offset, unpadded, uncompressed, check)
         end = self.compressed_size
         while end > 0:
-            while end >= 4 and self.raw_pread(end - 4, 4) == b"\0\0\0\0":
-                end -= 4  # stream padding
+            end = self._before_padding(end)
             if end == 0:
                 break
             if end < 24:
