@@ -1206,6 +1206,20 @@ def test_gzip_padded_with_zero_bytes_is_refused_with_the_way_out(tmp_path: Path)
             assert source.read(name) == data
 
 
+def test_a_zero_padded_inner_tar_gz_is_logged_with_the_way_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As an inner archive (``-r``) it was logged as "damaged" with rapidgzip's words alone."""
+    tar = tmp_path / "data.tar"
+    make_tar(tar, random.Random(11), members=5, max_size=5_000)
+    inner = compress(tar, "gz-cli").read_bytes()
+    (tmp_path / "outer.tar").write_bytes(tar_bytes({"pad.tar.gz": inner + bytes(10240 - len(inner) % 10240)}))
+    with caplog.at_level(logging.WARNING):
+        with ratarmountcore.open(str(tmp_path / "outer.tar"), OpenOptions(recursive=True)) as source:
+            assert source.info("/pad.tar.gz").is_file
+    assert any("--gzip-backend indexed_gzip" in record.getMessage() for record in caplog.records)
+
+
 @pytest.mark.parametrize(
     "payloads",
     [

@@ -408,7 +408,9 @@ class RapidgzipReader(_GzipReader):
         if zeros < 5:
             return None
         return (
-            f"the file ends with {zeros} zero bytes after the gzip data (padding, as tape tools write), "
+            # (No count: the member's trailer may end in zero bytes too; 512 bytes of padding
+            # were said to be 514.)
+            "the file ends with zero bytes after the gzip data (padding, as tape tools write), "
             "which rapidgzip does not accept: mount it with --gzip-backend indexed_gzip"
         )
 

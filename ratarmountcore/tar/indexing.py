@@ -258,7 +258,7 @@ def _index_compressed_member(ctx: _Context, record: MemberRecord, fmt: FormatId,
         ctx.writer.add_nested_archive(folder_id, record.offset_data, record.size, fmt.value)
 
         def scan() -> None:
-            with reader.first_pass() as scan_reader:
+            with reader.explained_failures(), reader.first_pass() as scan_reader:  # (the hint, as at the top)
                 _scan(ctx, scan_reader, None, record.path, 0, depth + 1, folder_id)
             reader.export_seek_points(NamespacedSeekPoints(ctx.writer, folder_id))
 
