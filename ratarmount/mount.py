@@ -304,7 +304,7 @@ def _daemonize(options: MountOptions, remove_mountpoint: bool = False) -> int:
                 logger.exception("mount failed")
             from .cli import describe
 
-            if isinstance(exc, KeyboardInterrupt):  # (SIGTERM or SIGINT sent to it alone)
+            if isinstance(exc, KeyboardInterrupt):  # (SIGTERM, SIGHUP or SIGINT sent to it alone)
                 line, status = f"ratarmount: {ended_by(exc)}", exit_status(exc)
             else:
                 line, status = f"ratarmount: error: {describe(exc)}", 1

@@ -28,7 +28,7 @@ import threading
 from types import FrameType
 from typing import Any, Callable, Dict, Iterator, Optional
 
-from .termination import Terminated
+from .termination import HungUp, Terminated
 
 #: The signals that end a mount (as with libfuse's handlers).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -75,7 +75,7 @@ def _stop(signum: int, _frame: Optional[FrameType]) -> None:
 def _raise_for(signum: int) -> None:
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
-    raise Terminated()
+    raise HungUp() if signum == signal.SIGHUP else Terminated()
 
 
 @contextlib.contextmanager

@@ -22,35 +22,49 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM arrived (handled like Ctrl-C: the program cleans up and exits)."""
 
 
-def _raise_terminated(_signum: int, _frame: Optional[FrameType]) -> None:
-    raise Terminated()
+class HungUp(Terminated):
+    """SIGHUP arrived (the terminal closed, an ssh session dropped): as SIGTERM. By default it
+    ended the program at once: a first index build left its ``.tmp-*`` file, and a background
+    mount's child, in a session of its own, went on to mount with no one to unmount it (found
+    by fuzzing)."""
+
+
+def _raise_terminated(signum: int, _frame: Optional[FrameType]) -> None:
+    raise HungUp() if signum == signal.SIGHUP else Terminated()
 
 
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """For the block, SIGTERM raises ``Terminated`` in the main thread -- unless the program (or
-    whoever embeds it) already handles SIGTERM itself; then SIGTERM is as it was. A handler left
-    behind in a program that called ``main()`` (a test suite) made its forked workers outlive
-    ``Pool.terminate()`` whenever one was stuck where Python code cannot run."""
-    installed = threading.current_thread() is threading.main_thread() and (
-        signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-    )
-    if installed:
-        signal.signal(signal.SIGTERM, _raise_terminated)
+    """For the block, SIGTERM raises ``Terminated`` and SIGHUP ``HungUp`` in the main thread --
+    unless the program (or whoever embeds it) already handles the signal itself, or ignores it
+    (``nohup``); then it is as it was. A handler left behind in a program that called ``main()``
+    (a test suite) made its forked workers outlive ``Pool.terminate()`` whenever one was stuck
+    where Python code cannot run."""
+    installed = []
+    if threading.current_thread() is threading.main_thread():
+        for number in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(number) == signal.SIG_DFL:
+                signal.signal(number, _raise_terminated)
+                installed.append(number)
     try:
         yield
     finally:
-        if installed and signal.getsignal(signal.SIGTERM) is _raise_terminated:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for number in installed:
+            if signal.getsignal(number) is _raise_terminated:
+                signal.signal(number, signal.SIG_DFL)
 
 
 def ended_by(interrupt: KeyboardInterrupt) -> str:
-    """What to tell the user: "terminated" (SIGTERM) or "interrupted" (Ctrl-C)."""
+    """What to tell the user: "hung up" (SIGHUP), "terminated" (SIGTERM) or "interrupted"."""
+    if isinstance(interrupt, HungUp):
+        return "hung up"
     return "terminated" if isinstance(interrupt, Terminated) else "interrupted"
 
 
 def exit_status(interrupt: KeyboardInterrupt) -> int:
-    """The exit status for Ctrl-C (130) or SIGTERM (143)."""
+    """The exit status for Ctrl-C (130), SIGTERM (143) or SIGHUP (129)."""
+    if isinstance(interrupt, HungUp):
+        return 128 + signal.SIGHUP
     return EXIT_STATUS if isinstance(interrupt, Terminated) else 128 + signal.SIGINT
 
 

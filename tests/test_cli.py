@@ -890,9 +890,13 @@ def test_symlink_targets_are_asked_for_once(tmp_path: Path, api: str) -> None:
 
 
 @pytest.mark.parametrize("tool", ["ratarmount", "ratarmount-convert"])
-def test_sigterm_during_the_first_index_build_leaves_nothing(tmp_path: Path, tool: str) -> None:
-    """SIGTERM ends Python without cleanups by default: a build killed so left its temporary
-    index (and the converter its temporary output). Now it cleans up as Ctrl-C does, exit 143."""
+@pytest.mark.parametrize("signum,status,said", [(signal.SIGTERM, 143, "terminated"), (signal.SIGHUP, 129, "hung up")])
+def test_sigterm_during_the_first_index_build_leaves_nothing(
+    tmp_path: Path, tool: str, signum: int, status: int, said: str
+) -> None:
+    """SIGTERM (and SIGHUP: a closed terminal) ends Python without cleanups by default: a build
+    killed so left its temporary index (and the converter its temporary output). Now it cleans
+    up as Ctrl-C does, exit 143 (129)."""
     archive = tmp_path / "many.tar"
     with open(archive, "wb") as out:  # 40,000 empty members: a build of a few tenths of a second
         for i in range(40_000):
@@ -914,10 +918,10 @@ def test_sigterm_during_the_first_index_build_leaves_nothing(tmp_path: Path, too
                 break
             time.sleep(0.002)
         assert process.poll() is None, "the build ended before it could be interrupted"
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(signum)
         _out, err = process.communicate(timeout=60)
-        assert process.returncode == 143, err
-        assert "terminated" in err and "Traceback" not in err, err
+        assert process.returncode == status, err
+        assert said in err and "Traceback" not in err, err
         assert sorted(p.name for p in work.iterdir()) == (["mnt"] if tool == "ratarmount" else [])
     finally:
         if process.poll() is None:
@@ -1002,7 +1006,8 @@ def _mounts_at(mountpoint: Path) -> int:
 
 @requires_fuse
 @pytest.mark.parametrize(
-    "signum,status,said", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
+    "signum,status,said",
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated"), (signal.SIGHUP, 129, "hung up")],
 )
 def test_a_background_mount_interrupted_during_its_build_mounts_nothing_later(
     slow_archive: Path, tmp_path: Path, signum: int, status: int, said: str
