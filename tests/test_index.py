@@ -434,3 +434,57 @@ def test_a_page_of_the_index_damaged_after_it_was_written_gives_eio(tmp_path: Pa
                 errors.append(exc)
     assert errors and all(isinstance(e, CorruptIndexError) and e.errno == 5 for e in errors)
     assert "a.tar.index.sqlite: the index is damaged" in str(errors[0]) and "--recreate-index" in str(errors[0])
+
+
+def test_an_archive_with_a_name_of_255_bytes_is_indexed(tmp_path: Path) -> None:
+    """NAME_MAX allows it; "<name>.index.sqlite.tmp-<hex>" did not fit: two tracebacks, then an
+    error that blamed writability (found by fuzzing). The index name keeps what fits."""
+    for length in (225, 240, 255):
+        archive = make_tar(tmp_path / ("a" * (length - 4) + ".tar"), 3)
+        for _mount in range(2):
+            with ratarmountcore.open(str(archive), OpenOptions(index=IndexOptions(progress=False))) as src:
+                assert len(src.listdir("/")) == 3
+        indexes = [p.name for p in tmp_path.iterdir() if p.name.endswith(".index.sqlite") and "a" * 100 in p.name]
+        assert len(indexes) == 1 and len(indexes[0].encode()) <= 255 - 17
+        assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+        for path in tmp_path.iterdir():
+            path.unlink()
+
+
+def test_a_stale_index_before_a_valid_one_is_not_reported(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Beside the archive a stale index (the folder was read-only when the archive changed), in
+    the cache a valid one: every mount said "it will be rebuilt", and it never was (found by
+    fuzzing)."""
+    import os
+
+    archive = make_tar(tmp_path / "a.tar", 3)
+    cache = tmp_path / "cache"
+    with ratarmountcore.open(str(archive), OpenOptions(index=IndexOptions(index_folders=("",), progress=False))):
+        pass
+    make_tar(archive, 5)
+    os.utime(archive, ns=(1_000_000_000, 1_000_000_000))
+    cached = OpenOptions(index=IndexOptions(index_folders=(str(cache),), progress=False))
+    with ratarmountcore.open(str(archive), cached):
+        pass
+    both = OpenOptions(index=IndexOptions(index_folders=("", str(cache)), progress=False))
+    with caplog.at_level(logging.WARNING):
+        with ratarmountcore.open(str(archive), both) as src:
+            assert len(src.listdir("/")) == 5
+    assert not [r for r in caplog.records if "does not match" in r.getMessage()]
+    (cache / os.listdir(cache)[0]).unlink()  # (no valid one left: the stale one is reported, rebuilt)
+    with caplog.at_level(logging.WARNING):
+        with ratarmountcore.open(str(archive), both) as src:
+            assert len(src.listdir("/")) == 5
+    assert [r for r in caplog.records if "does not match" in r.getMessage()]
+
+
+def test_the_error_says_why_no_index_could_be_written(tmp_path: Path) -> None:
+    archive = make_tar(tmp_path / "a.tar", 3)
+    (tmp_path / "file").write_bytes(b"")
+    deep = tmp_path / ("d" * 200) / ("e" * 200)
+    deep.mkdir(parents=True)
+    options = IndexOptions(index_folders=(str(tmp_path / "file" / "below"), str(deep)), progress=False)
+    with pytest.raises(IndexNotWritableError) as caught:
+        ratarmountcore.open(str(archive), OpenOptions(index=options))
+    message = str(caught.value)
+    assert "(its folder cannot be written)" in message and "(its path is longer than SQLite opens" in message

@@ -31,22 +31,33 @@ logger = logging.getLogger(__name__)
 BuildFunction = Callable[[IndexWriter], None]
 
 
-def _try_open(path: str, stats: ArchiveStats, build_options: Dict[str, str], archive: str) -> Optional[IndexReader]:
+def _try_open(
+    path: str, stats: ArchiveStats, build_options: Dict[str, str], archive: str, unusable: List[Callable[[], None]]
+) -> Optional[IndexReader]:
+    """The index at ``path`` when it is valid for the archive; else None, and what to report
+    about it is added to ``unusable`` (reported only when no other location has a valid one: a
+    stale index beside the archive and a valid one in the cache said "it will be rebuilt" on
+    every mount, and never was; found by fuzzing)."""
     # Whose file it is matters only when it cannot be used: a valid index opens with one
     # connection, as before (mount start-up).
     try:
         reader = IndexReader(path)
     except InvalidIndexError as exc:
         check_left(path)  # (SQLite says "unable to open" when it is out of descriptors)
-        _report_unusable(path, f"Ignoring {path}: {exc}")
+        message = f"Ignoring {path}: {exc}"
+        unusable.append(lambda: _report_unusable(path, message))
         return None
     try:
         reader.validate(stats)
         reader.check_options(build_options)
     except StaleIndexError as exc:
         reader.close()
-        if _first_of_its_kind(os.path.dirname(os.path.abspath(archive)), str(exc)):
-            _report_unusable(path, f"Index {path} does not match the archive ({exc}); it will be rebuilt")
+
+        def report(reason: str = str(exc)) -> None:
+            if _first_of_its_kind(os.path.dirname(os.path.abspath(archive)), reason):
+                _report_unusable(path, f"Index {path} does not match the archive ({reason}); it will be rebuilt")
+
+        unusable.append(report)
         return None
     return reader
 
@@ -81,6 +92,20 @@ def _report_unusable(path: str, message: str) -> None:
         logger.debug("%s is not an index of ours", path)
 
 
+#: The longest file path SQLite opens (its SQLITE_MAX_PATHNAME).
+SQLITE_PATH_MAX = 512
+
+
+def _cause(path: str, exc: BaseException) -> str:
+    """Why no index could be created at ``path``, in a few words (a full or read-only disk, a
+    path too long: the error blamed writability alone, found by fuzzing)."""
+    if len(os.fsencode(path)) + len(".tmp-") + 12 > SQLITE_PATH_MAX:
+        return f"its path is longer than SQLite opens, {SQLITE_PATH_MAX} bytes"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return str(exc)
+
+
 def open_or_build(
     archive_path: str,
     stats: ArchiveStats,
@@ -91,25 +116,31 @@ def open_or_build(
 ) -> IndexReader:
     candidates = candidate_paths(archive_path, options)
     if not options.recreate:
+        unusable: List[Callable[[], None]] = []
         for path in candidates:
             if os.path.isfile(path):
-                reader = _try_open(path, stats, build_options, archive_path)
+                reader = _try_open(path, stats, build_options, archive_path, unusable)
                 if reader is not None:
-                    logger.debug("Using index %s", path)
+                    logger.debug("Using index %s%s", path, " (an unusable one comes first)" if unusable else "")
                     return reader
+        for report in unusable:
+            report()
 
     foreign: List[str] = []
+    causes: Dict[str, str] = {}  # (why a candidate could not be written: said in the error)
     for target in candidates:
         if foreign_file(target):
             foreign.append(target)
             continue
         if not folder_writable(target):
+            causes[target] = "its folder cannot be written"
             continue
         try:
             writer = IndexWriter(target, stats, archive_path, build_options)
         except (OSError, sqlite3.Error) as exc:
             check_left(archive_path)
             logger.debug("Cannot create an index at %s: %s", target, exc)
+            causes[target] = _cause(target, exc)
             continue
         if foreign:
             logger.warning(
@@ -133,6 +164,7 @@ def open_or_build(
         if files:
             held += f" ({', '.join(files)} is not an index of ours, perhaps another program's, and is left alone)"
     raise IndexNotWritableError(
-        f"{archive_path}: cannot write an index to any of {', '.join(candidates)}{held}; "
+        f"{archive_path}: cannot write an index to any of "
+        f"{', '.join(f'{path} ({causes[path]})' if path in causes else path for path in candidates)}{held}; "
         "use --index-file or --index-folders to name a writable place"
     )

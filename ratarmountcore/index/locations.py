@@ -18,14 +18,31 @@ def candidate_paths(archive_path: str, options: IndexOptions) -> List[str]:
         return [os.path.abspath(os.path.expanduser(options.index_file))]
     archive = os.path.abspath(archive_path)
     digest = sha256(os.fsencode(archive)).hexdigest()[:16]
+    base = os.path.basename(archive)
     paths: List[str] = []
     for folder in options.index_folders:
         if not folder:
-            paths.append(archive + INDEX_SUFFIX)
+            paths.append(os.path.join(os.path.dirname(archive), _index_name(base, "", digest)))
         else:
             folder = os.path.abspath(os.path.expanduser(folder))
-            paths.append(os.path.join(folder, f"{os.path.basename(archive)}.{digest}{INDEX_SUFFIX}"))
+            paths.append(os.path.join(folder, _index_name(base, f".{digest}", digest)))
     return paths
+
+
+#: The longest index file name: NAME_MAX (255 bytes) less what the temporary name adds
+#: (``.tmp-`` and 12 hex digits).
+INDEX_NAME_MAX = 255 - 17
+
+
+def _index_name(base: str, tag: str, digest: str) -> str:
+    """``base + tag + INDEX_SUFFIX``; for an archive name too long for that (NAME_MAX allows 255
+    bytes, and an archive named with 226 of them could not be mounted: found by fuzzing), as
+    much of ``base`` as fits, and the path's ``digest`` to tell such names apart."""
+    name = f"{base}{tag}{INDEX_SUFFIX}"
+    if len(os.fsencode(name)) <= INDEX_NAME_MAX:
+        return name
+    tail = f".{digest}{INDEX_SUFFIX}"
+    return os.fsdecode(os.fsencode(base)[: INDEX_NAME_MAX - len(tail)]) + tail
 
 
 def folder_writable(path: str) -> bool:
