@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from ratarmountcore import __version__
 from ratarmountcore.errors import RatarmountError
+from ratarmountcore.io.host_paths import absolute
 from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
 
 from .arg_types import mib, positive_mib, threads
@@ -183,7 +184,7 @@ def default_mountpoint(archive: str) -> Optional[str]:
     name = os.path.basename(archive)
     for suffix in ARCHIVE_SUFFIXES:
         if name.lower().endswith(suffix) and len(name) > len(suffix):
-            return os.path.join(os.path.dirname(os.path.abspath(archive)), name[: -len(suffix)])
+            return os.path.join(os.path.dirname(absolute(archive)), name[: -len(suffix)])
     return None
 
 
@@ -223,8 +224,8 @@ def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             parser.error(f"the mount point {args.paths[-1]} lies inside the folder {path} it would show")
     return MountOptions(
         # Absolute: libfuse changes the working directory to "/" once it runs.
-        sources=[os.path.abspath(p) for p in args.paths[:-1]],
-        mountpoint=os.path.abspath(args.paths[-1]),
+        sources=[absolute(p) for p in args.paths[:-1]],
+        mountpoint=absolute(args.paths[-1]),
         open_options=OpenOptions(
             index=index,
             compression=compression,
@@ -238,7 +239,7 @@ def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         read_ahead_kib=args.read_ahead,
         fuse_api=args.fuse_api,
         create_mountpoint=create,
-        log_file=os.path.abspath(args.log_file) if args.log_file else None,
+        log_file=absolute(args.log_file) if args.log_file else None,
     )
 
 

@@ -1061,3 +1061,23 @@ def test_two_mounts_at_one_point_started_together_make_one_mount(slow_archive: P
     finally:
         for _ in range(3):
             lazy_unmount(mnt)
+
+
+@requires_fuse
+def test_dotdot_after_a_symlink_in_the_archive_and_mount_paths_is_where_the_kernel_goes(tmp_path: Path) -> None:
+    """``ratarmount lnk/../x.tar lnk/../mnt`` (``lnk`` -> ``d1/sub``): another ``x.tar`` was
+    mounted, at another folder, as paths were made absolute by text (found by fuzzing)."""
+    (tmp_path / "d1" / "sub").mkdir(parents=True)
+    (tmp_path / "d1" / "mnt").mkdir()
+    (tmp_path / "mnt").mkdir()
+    (tmp_path / "d1" / "x.tar").write_bytes(tar_bytes({"fa": b"I am A"}))
+    (tmp_path / "x.tar").write_bytes(tar_bytes({"fb": b"I am B"}))
+    (tmp_path / "lnk").symlink_to("d1/sub")
+    result = run_ratarmount("lnk/../x.tar", "lnk/../mnt", cwd=tmp_path)
+    try:
+        assert result.returncode == 0, result.stderr
+        assert os.path.ismount(tmp_path / "d1" / "mnt") and not os.path.ismount(tmp_path / "mnt")
+        assert os.listdir(tmp_path / "d1" / "mnt") == ["fa"]
+    finally:
+        lazy_unmount(tmp_path / "d1" / "mnt")
+        lazy_unmount(tmp_path / "mnt")

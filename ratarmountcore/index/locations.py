@@ -6,6 +6,7 @@ import os
 from typing import List
 
 from ..digest import sha256
+from ..io.host_paths import absolute
 from ..options import IndexOptions
 
 INDEX_SUFFIX = ".index.sqlite"
@@ -15,8 +16,8 @@ def candidate_paths(archive_path: str, options: IndexOptions) -> List[str]:
     """Index paths to try, in order. The first valid existing one is used; a new index is
     written to the first one whose folder is writable."""
     if options.index_file:
-        return [os.path.abspath(os.path.expanduser(options.index_file))]
-    archive = os.path.abspath(archive_path)
+        return [absolute(os.path.expanduser(options.index_file))]
+    archive = absolute(archive_path)
     digest = sha256(os.fsencode(archive)).hexdigest()[:16]
     base = os.path.basename(archive)
     paths: List[str] = []
@@ -24,7 +25,7 @@ def candidate_paths(archive_path: str, options: IndexOptions) -> List[str]:
         if not folder:
             paths.append(os.path.join(os.path.dirname(archive), _index_name(base, "", digest)))
         else:
-            folder = os.path.abspath(os.path.expanduser(folder))
+            folder = absolute(os.path.expanduser(folder))
             paths.append(os.path.join(folder, _index_name(base, f".{digest}", digest)))
     return paths
 

@@ -45,6 +45,7 @@ from ..errors import NotFoundError, RatarmountError, ReplacedFileError
 from ..formats import COMPRESSIONS, TAR_EXTENSION, FormatId, sniff_bytes, stripped_tar_name
 from ..index.locations import INDEX_SUFFIX
 from ..io import forks
+from ..io.host_paths import absolute
 from ..io.readers import MemberFile, PlainFileReader
 from ..options import OpenOptions
 from .base import FileInfo, MountSource, NameRow, StatRow
@@ -145,7 +146,7 @@ def _archive_key(st: os.stat_result) -> Tuple[int, int, int, int, int]:
 
 class DirectorySource(MountSource):
     def __init__(self, path: str, options: Optional[OpenOptions] = None) -> None:
-        self.path = os.path.abspath(path)
+        self.path = absolute(path)
         self._options = options or OpenOptions()
         self._recursive = self._options.recursive
         self._strip = self._recursive and self._options.strip_tar_extension

@@ -6,6 +6,7 @@ import dataclasses
 import os
 from typing import Sequence, Union
 
+from ..io.host_paths import absolute
 from ..options import OpenOptions
 from .archive import open_archive
 from .base import MountSource
@@ -17,9 +18,9 @@ def open_source(source: Union[str, Sequence[str]], options: OpenOptions) -> Moun
     # it has now (not rebuilt by every worker that unpickles it).
     again = _reopen_options(options)
     if isinstance(source, (str, os.PathLike)):
-        opened.reopen_args = (os.path.abspath(source), again)
+        opened.reopen_args = (absolute(source), again)
     else:
-        opened.reopen_args = ([os.path.abspath(p) for p in source], again)
+        opened.reopen_args = ([absolute(p) for p in source], again)
     return opened
 
 
@@ -27,8 +28,8 @@ def _reopen_options(options: OpenOptions) -> OpenOptions:
     """``options`` for opening the same source again elsewhere: index paths made absolute
     ("" -- beside the archive -- stays), and no ``recreate`` (the index was just made)."""
     index = options.index
-    folders = tuple(os.path.abspath(os.path.expanduser(f)) if f else f for f in index.index_folders)
-    index_file = os.path.abspath(os.path.expanduser(index.index_file)) if index.index_file else index.index_file
+    folders = tuple(absolute(os.path.expanduser(f)) if f else f for f in index.index_folders)
+    index_file = absolute(os.path.expanduser(index.index_file)) if index.index_file else index.index_file
     return dataclasses.replace(
         options, index=dataclasses.replace(index, index_file=index_file, index_folders=folders, recreate=False)
     )
