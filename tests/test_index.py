@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import tar_bytes
 
 import ratarmountcore
 from ratarmountcore.errors import IndexNotWritableError, TruncatedArchiveError
@@ -488,3 +489,69 @@ def test_the_error_says_why_no_index_could_be_written(tmp_path: Path) -> None:
         ratarmountcore.open(str(archive), OpenOptions(index=options))
     message = str(caught.value)
     assert "(its folder cannot be written)" in message and "(its path is longer than SQLite opens" in message
+
+
+def test_a_path_with_dotdot_after_a_symlink_is_the_archive_the_kernel_finds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lnk/../x.tar`` with ``lnk`` a link to ``d1/sub``: the kernel opens ``d1/x.tar``; the
+    index went beside ``./x.tar`` (another archive, whose index it replaced), and a copy of the
+    source made by pickling (a DataLoader worker's) opened that other archive (found by fuzzing)."""
+    import os
+    import pickle
+
+    (tmp_path / "d1" / "sub").mkdir(parents=True)
+    make_tar(tmp_path / "d1" / "x.tar", 3)
+    make_tar(tmp_path / "x.tar", 5)
+    (tmp_path / "lnk").symlink_to("d1/sub")
+    monkeypatch.chdir(tmp_path)
+    with ratarmountcore.open("lnk/../x.tar", OpenOptions(index=IndexOptions(progress=False))) as src:
+        assert len(src.listdir("/")) == 3
+        copy = pickle.loads(pickle.dumps(src))
+        try:
+            assert len(copy.listdir("/")) == 3
+        finally:
+            copy.close()
+    assert os.path.exists(tmp_path / "d1" / "x.tar.index.sqlite")
+    assert not os.path.exists(tmp_path / "x.tar.index.sqlite")
+
+
+@pytest.mark.parametrize("other", ["same archive and options", "another version of the archive"])
+def test_an_index_replaced_right_after_its_rename_is_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, other: str
+) -> None:
+    """Two first mounts at once: another process renames its index over this one's between this
+    one's rename and its open. It was used unchecked: an archive's old version read through the
+    new version's rows, wrong bytes without an error (found by fuzzing)."""
+    import os
+    import shutil
+
+    from ratarmountcore.errors import InvalidIndexError
+    from ratarmountcore.index.sqlite_index import IndexWriter
+
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(tar_bytes({f"f{i}": b"old %d" % i for i in range(5)}))
+    substitute = tmp_path / "other.index.sqlite"
+    source = tmp_path / "other" / "a.tar"
+    source.parent.mkdir()
+    if other == "same archive and options":
+        shutil.copy2(archive, source)
+    else:
+        source.write_bytes(tar_bytes({f"f{i}": b"the new version %d" % i for i in range(7)}))
+    with ratarmountcore.open(str(source), OpenOptions(index=IndexOptions(index_file=str(substitute)))):
+        pass
+    commit = IndexWriter.commit
+
+    def commit_then_lose_the_race(self: IndexWriter, *args: int) -> None:
+        commit(self, *args)
+        shutil.copy(substitute, self.final_path + ".other")
+        os.replace(self.final_path + ".other", self.final_path)
+
+    monkeypatch.setattr(IndexWriter, "commit", commit_then_lose_the_race)
+    options = OpenOptions(index=IndexOptions(progress=False))
+    if other == "same archive and options":
+        with ratarmountcore.open(str(archive), options) as src:
+            assert [src.read(f"/f{i}") for i in range(5)] == [b"old %d" % i for i in range(5)]
+    else:
+        with pytest.raises(InvalidIndexError, match="was replaced while it was written"):
+            ratarmountcore.open(str(archive), options)

@@ -92,6 +92,33 @@ def _report_unusable(path: str, message: str) -> None:
         logger.debug("%s is not an index of ours", path)
 
 
+def _open_built(
+    path: str,
+    identity: Optional[Tuple[int, int]],
+    stats: ArchiveStats,
+    build_options: Dict[str, str],
+    archive_path: str,
+) -> IndexReader:
+    """The index just renamed into place at ``path`` -- unless another process renamed its own
+    over it in between (first mounts of one archive at once): then that one, if it is valid for
+    this archive as opened here, else an error. It was used unchecked: a mount with ``-r`` got
+    the index of one without, and a mount of the old version of an archive renamed over by a new
+    one read every member through the new one's rows, wrong bytes without an error (found by
+    fuzzing)."""
+    reader = IndexReader(path)
+    if reader.identity == identity:
+        return reader
+    reader.close()
+    logger.info("%s: another process's index replaced the one just written", path)
+    other = _try_open(path, stats, build_options, archive_path, [])
+    if other is not None:
+        return other
+    raise InvalidIndexError(
+        f"{archive_path}: the index {path} was replaced while it was written, by another mount's for other "
+        "options or another version of the archive; mount again"
+    )
+
+
 #: The longest file path SQLite opens (its SQLITE_MAX_PATHNAME).
 SQLITE_PATH_MAX = 512
 
@@ -155,7 +182,7 @@ def open_or_build(
                 writer.commit(stats.mtime_ns, *implicit_owner)
         except sqlite3.Error as exc:  # (the disk filled up: "database or disk is full")
             raise IndexWriteError.of(archive_path, target, exc) from None
-        return IndexReader(target)
+        return _open_built(target, writer.identity, stats, build_options, archive_path)
     held = ""
     if foreign:
         folders = [path for path in foreign if os.path.isdir(path)]

@@ -222,6 +222,8 @@ class IndexWriter:
         self._archive_conflict = False
         self._count = 0
         self._committed = False
+        #: The (device, inode) of the index written, once committed.
+        self.identity: Optional[Tuple[int, int]] = None
 
     def __enter__(self) -> "IndexWriter":
         return self
@@ -456,6 +458,8 @@ class IndexWriter:
         conn.execute("PRAGMA journal_mode=DELETE")
         conn.close()
         os.chmod(self.temp_path, 0o644)
+        st = os.stat(self.temp_path)
+        self.identity = (st.st_dev, st.st_ino)  # (renamed into place, it may be replaced at once)
         os.replace(self.temp_path, self.final_path)
         self._remove_temporary.detach()
         self._committed = True
@@ -668,6 +672,11 @@ class IndexReader:
     @property
     def connection_count(self) -> int:
         return self._pool.connection_count
+
+    @property
+    def identity(self) -> Optional[Tuple[int, int]]:
+        """The (device, inode) of the file read."""
+        return self._pool.identity
 
     def renewed(self) -> "IndexReader":
         """A reader of the same file with connections of its own (for a forked child)."""
