@@ -555,3 +555,20 @@ def test_an_index_replaced_right_after_its_rename_is_checked(
     else:
         with pytest.raises(InvalidIndexError, match="was replaced while it was written"):
             ratarmountcore.open(str(archive), options)
+
+
+def test_folders_made_for_the_index_of_a_bad_archive_are_removed(tmp_path: Path) -> None:
+    """They were made before the archive was read, and left behind empty (found by fuzzing)."""
+    from ratarmountcore.errors import ArchiveError
+
+    archive = tmp_path / "random.tar"
+    archive.write_bytes(bytes(range(256)) * 8)
+    (tmp_path / "kept").mkdir()
+    for options in (
+        IndexOptions(index_folders=(str(tmp_path / "new" / "sub"),)),
+        IndexOptions(index_file=str(tmp_path / "kept" / "made" / "i.sqlite")),
+    ):
+        with pytest.raises(ArchiveError):
+            ratarmountcore.open(str(archive), OpenOptions(index=options))
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "random.tar"]
+        assert not list((tmp_path / "kept").iterdir())

@@ -92,6 +92,27 @@ def _report_unusable(path: str, message: str) -> None:
         logger.debug("%s is not an index of ours", path)
 
 
+def _missing_folders(folder: str) -> List[str]:
+    """``folder`` and those of its ancestors that do not exist, innermost first."""
+    missing: List[str] = []
+    while folder and not os.path.exists(folder):
+        missing.append(folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return missing
+
+
+def _remove_empty(folders: List[str]) -> None:
+    """Remove ``folders`` (innermost first) while they are empty."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return
+
+
 def _open_built(
     path: str,
     identity: Optional[Tuple[int, int]],
@@ -159,12 +180,14 @@ def open_or_build(
         if foreign_file(target):
             foreign.append(target)
             continue
+        made = _missing_folders(os.path.dirname(target))
         if not folder_writable(target):
             causes[target] = "its folder cannot be written"
             continue
         try:
             writer = IndexWriter(target, stats, archive_path, build_options)
         except (OSError, sqlite3.Error) as exc:
+            _remove_empty(made)
             check_left(archive_path)
             logger.debug("Cannot create an index at %s: %s", target, exc)
             causes[target] = _cause(target, exc)
@@ -177,9 +200,13 @@ def open_or_build(
             )
         logger.info("Creating index %s", target)
         try:
-            with writer:
-                build(writer)
-                writer.commit(stats.mtime_ns, *implicit_owner)
+            try:
+                with writer:
+                    build(writer)
+                    writer.commit(stats.mtime_ns, *implicit_owner)
+            except BaseException:
+                _remove_empty(made)  # (folders made for an index of a bad archive were left)
+                raise
         except sqlite3.Error as exc:  # (the disk filled up: "database or disk is full")
             raise IndexWriteError.of(archive_path, target, exc) from None
         return _open_built(target, writer.identity, stats, build_options, archive_path)
