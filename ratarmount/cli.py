@@ -225,7 +225,10 @@ def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     return MountOptions(
         # Absolute: libfuse changes the working directory to "/" once it runs.
         sources=[absolute(p) for p in args.paths[:-1]],
-        mountpoint=absolute(args.paths[-1]),
+        # (Resolved whole: the kernel mounts on a symbolic link's target, and a mount point
+        # named by a link never looked mounted: a background mount waited forever; found by
+        # fuzzing.)
+        mountpoint=os.path.realpath(args.paths[-1]),
         open_options=OpenOptions(
             index=index,
             compression=compression,
@@ -352,6 +355,7 @@ def _process_ended(mountpoint: str) -> bool:
 
 
 def unmount(mountpoint: str) -> None:
+    mountpoint = os.path.realpath(mountpoint)  # (a link to the mount point: see to_mount_options)
     if not os.path.ismount(mountpoint):
         raise RatarmountError(f"{mountpoint} is not a mount point")
     for tool, args in (("fusermount3", ["-u"]), ("fusermount", ["-u"]), ("umount", [])):

@@ -14,12 +14,19 @@ from typing import Optional, Sequence
 
 
 def _run(module: str, program: str, argv: Optional[Sequence[str]]) -> int:
+    from .termination import STOPPED_STATUSES  # (light: signals and contextlib)
+
     try:
         main = importlib.import_module(module).main
     except KeyboardInterrupt:
         print(f"{program}: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
     status: int = main(argv)
+    if status in STOPPED_STATUSES:
+        # Ended by a stop signal: another one while Python shuts down (its threads, finalizers)
+        # would end it by the default action instead, with another status (found by fuzzing).
+        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(number, signal.SIG_IGN)
     return status
 
 

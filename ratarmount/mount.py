@@ -23,7 +23,7 @@ from ratarmountcore.sources.factory import open_source
 
 from .cli import MountOptions, check_mountpoint
 from .daemon_log import route_background_logs
-from .termination import default_signal_handlers, ended_by, exit_status
+from .termination import STOPPED_STATUSES, default_signal_handlers, ended_by, exit_status
 from .workers import default_max_threads
 
 logger = logging.getLogger(__name__)
@@ -339,4 +339,4 @@ def _daemonize(options: MountOptions, remove_mountpoint: bool = False) -> int:
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     if not lines:
         sys.stderr.write("ratarmount: error: the mount process exited before the mount was ready\n")
-    return code if code in (130, 143) else 1  # (interrupted or terminated: its own status)
+    return code if code in STOPPED_STATUSES else 1  # (interrupted, terminated, hung up: its own status)

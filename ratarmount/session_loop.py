@@ -28,7 +28,7 @@ import threading
 from types import FrameType
 from typing import Any, Callable, Dict, Iterator, Optional
 
-from .termination import HungUp, Terminated
+from .termination import HungUp, Terminated, ignore_after_stop
 
 #: The signals that end a mount (as with libfuse's handlers).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -53,7 +53,10 @@ def stop_signals() -> Iterator[None]:
         yield
     finally:
         for number, handler in previous.items():
-            signal.signal(number, signal.SIG_DFL if handler is None else handler)
+            if signal.getsignal(number) is not ignore_after_stop:
+                signal.signal(number, signal.SIG_DFL if handler is None else handler)
+            # (else a stop signal came: the program is on its way out, and the next one must not
+            # end it by another way; a second Ctrl-C as the mount ended killed it: found by fuzzing)
 
 
 #: Whether the main thread runs code called from C that must not raise (see ``signals_deferred``).
@@ -65,7 +68,7 @@ _deferred: Optional[int] = None
 def _stop(signum: int, _frame: Optional[FrameType]) -> None:
     global _deferred
     for number in STOP_SIGNALS:
-        signal.signal(number, _ignore)
+        signal.signal(number, ignore_after_stop)
     if _deferring:
         _deferred = signum
         return
@@ -96,10 +99,6 @@ def signals_deferred() -> Iterator[None]:
         signum, _deferred = _deferred, None
         if signum is not None:
             _raise_for(signum)
-
-
-def _ignore(_signum: int, _frame: Optional[FrameType]) -> None:
-    """Once a stop signal came (a Python handler: signals still interrupt the loop's wait)."""
 
 
 def run_loop(loop: Callable[[], Any], exit_loop: Callable[[], None]) -> None:

@@ -16,6 +16,8 @@ from typing import Any, Dict, Iterator, Optional
 
 #: The exit status of a program ended by SIGTERM.
 EXIT_STATUS = 128 + signal.SIGTERM
+#: The exit statuses of a program that a stop signal ended: SIGINT, SIGTERM, SIGHUP.
+STOPPED_STATUSES = (128 + signal.SIGINT, EXIT_STATUS, 128 + signal.SIGHUP)
 
 
 class Terminated(KeyboardInterrupt):
@@ -30,7 +32,19 @@ class HungUp(Terminated):
 
 
 def _raise_terminated(signum: int, _frame: Optional[FrameType]) -> None:
+    # Later stop signals change nothing: the program is on its way out, cleaning up (a SIGTERM
+    # 5 ms after a SIGHUP killed it by the default action once the first was handled: found by
+    # fuzzing).
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(number) in (_raise_terminated, signal.default_int_handler):
+            signal.signal(number, ignore_after_stop)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise HungUp() if signum == signal.SIGHUP else Terminated()
+
+
+def ignore_after_stop(_signum: int, _frame: Optional[FrameType]) -> None:
+    """A stop signal after the first (a Python handler, so that it still interrupts waits)."""
 
 
 @contextlib.contextmanager
@@ -42,16 +56,20 @@ def sigterm_raises() -> Iterator[None]:
     where Python code cannot run."""
     installed = []
     if threading.current_thread() is threading.main_thread():
-        for number in (signal.SIGTERM, signal.SIGHUP):
-            if signal.getsignal(number) == signal.SIG_DFL:
+        for number, default in (
+            (signal.SIGINT, signal.default_int_handler),
+            (signal.SIGTERM, signal.SIG_DFL),
+            (signal.SIGHUP, signal.SIG_DFL),
+        ):
+            if signal.getsignal(number) == default:
                 signal.signal(number, _raise_terminated)
                 installed.append(number)
     try:
         yield
     finally:
         for number in installed:
-            if signal.getsignal(number) is _raise_terminated:
-                signal.signal(number, signal.SIG_DFL)
+            if signal.getsignal(number) in (_raise_terminated, ignore_after_stop):
+                signal.signal(number, signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL)
 
 
 def ended_by(interrupt: KeyboardInterrupt) -> str:

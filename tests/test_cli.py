@@ -1081,3 +1081,21 @@ def test_dotdot_after_a_symlink_in_the_archive_and_mount_paths_is_where_the_kern
     finally:
         lazy_unmount(tmp_path / "d1" / "mnt")
         lazy_unmount(tmp_path / "mnt")
+
+
+@requires_fuse
+def test_a_mount_point_named_by_a_symlink(tmp_path: Path, archive: Path) -> None:
+    """The kernel mounts on the link's target; a background mount waited forever for its mount
+    point (the link) to look mounted, and ``-u LINK`` said "not a mount point" (found by fuzzing)."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to("real")
+    result = run_ratarmount(str(archive), str(tmp_path / "link"), timeout=60)
+    try:
+        assert result.returncode == 0, result.stderr
+        assert os.path.ismount(tmp_path / "real")
+        assert (tmp_path / "link" / "folder0" / "file0.txt").read_bytes() == FILES["folder0/file0.txt"]
+        done = run_ratarmount("-u", str(tmp_path / "link"))
+        assert done.returncode == 0, done.stderr
+        assert not os.path.ismount(tmp_path / "real")
+    finally:
+        lazy_unmount(tmp_path / "real")

@@ -9,14 +9,23 @@ import os
 import signal
 import threading
 import time
-from typing import List
+from typing import Iterator, List
 
 import pytest
 
 from ratarmount.session_loop import run_loop, stop_signals
-from ratarmount.termination import Terminated
+from ratarmount.termination import Terminated, ignore_after_stop
 
 libc = ctypes.CDLL(None, use_errno=True)
+
+
+@pytest.fixture(autouse=True)
+def handlers_put_back() -> Iterator[None]:
+    """After a stop signal the handlers stay ignoring (see ``stop_signals``): put back pytest's."""
+    before = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for number, handler in before.items():
+        signal.signal(number, handler)
 
 
 class FakeLoop:
@@ -56,7 +65,11 @@ def test_a_stop_signal_ends_the_loop_then_is_raised(signum: int, raised: type) -
         with stop_signals():
             run_loop(loop, loop.stop)
     assert loop.ended.is_set()  # raised only once the loop had returned
-    assert {number: signal.getsignal(number) for number in before} == before
+    # Further stop signals stay ignored (the program is on its way out; a second Ctrl-C as the
+    # mount ended killed it), until whoever installed the handlers before puts them back.
+    assert all(signal.getsignal(number) is ignore_after_stop for number in before)
+    for number, handler in before.items():
+        signal.signal(number, handler)
 
 
 def test_a_signal_taken_by_the_loop_thread_ends_it_too() -> None:
