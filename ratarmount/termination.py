@@ -49,9 +49,10 @@ def ignore_after_stop(_signum: int, _frame: Optional[FrameType]) -> None:
 
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """For the block, SIGTERM raises ``Terminated`` and SIGHUP ``HungUp`` in the main thread --
-    unless the program (or whoever embeds it) already handles the signal itself, or ignores it
-    (``nohup``); then it is as it was. A handler left behind in a program that called ``main()``
+    """For the block, SIGINT raises ``KeyboardInterrupt``, SIGTERM ``Terminated`` and SIGHUP
+    ``HungUp`` in the main thread, the first of them only (those after it are ignored while the
+    program cleans up) -- unless the program (or whoever embeds it) already handles the signal
+    itself, or ignores it (``nohup``); then it is as it was. A handler left behind in a program that called ``main()``
     (a test suite) made its forked workers outlive ``Pool.terminate()`` whenever one was stuck
     where Python code cannot run."""
     installed = []
