@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 
 
 def _run(module: str, program: str, argv: Optional[Sequence[str]]) -> int:
-    from .termination import STOPPED_STATUSES  # (light: signals and contextlib)
+    from .termination import STOP_SIGNALS, STOPPED_STATUSES  # (light: signals and contextlib)
 
     try:
         main = importlib.import_module(module).main
@@ -25,7 +25,7 @@ def _run(module: str, program: str, argv: Optional[Sequence[str]]) -> int:
     if status in STOPPED_STATUSES:
         # Ended by a stop signal: another one while Python shuts down (its threads, finalizers)
         # would end it by the default action instead, with another status (found by fuzzing).
-        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for number in STOP_SIGNALS:
             signal.signal(number, signal.SIG_IGN)
     return status
 

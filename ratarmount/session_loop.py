@@ -28,10 +28,8 @@ import threading
 from types import FrameType
 from typing import Any, Callable, Dict, Iterator, Optional
 
-from .termination import HungUp, Terminated, ignore_after_stop
+from .termination import STOP_SIGNALS, ignore_after_stop, stop_exception
 
-#: The signals that end a mount (as with libfuse's handlers).
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: The waiting main thread's wake-up interval: a signal the kernel gave to another thread is
 #: handled in the main thread at its next wake-up (one to the main thread at once).
 WAKE_S = 0.5
@@ -72,13 +70,7 @@ def _stop(signum: int, _frame: Optional[FrameType]) -> None:
     if _deferring:
         _deferred = signum
         return
-    _raise_for(signum)
-
-
-def _raise_for(signum: int) -> None:
-    if signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    raise HungUp() if signum == signal.SIGHUP else Terminated()
+    raise stop_exception(signum)
 
 
 @contextlib.contextmanager
@@ -98,7 +90,7 @@ def signals_deferred() -> Iterator[None]:
         _deferring = False
         signum, _deferred = _deferred, None
         if signum is not None:
-            _raise_for(signum)
+            raise stop_exception(signum)
 
 
 def run_loop(loop: Callable[[], Any], exit_loop: Callable[[], None]) -> None:

@@ -16,6 +16,8 @@ from typing import Any, Dict, Iterator, Optional
 
 #: The exit status of a program ended by SIGTERM.
 EXIT_STATUS = 128 + signal.SIGTERM
+#: The signals that end a command or a mount (as with libfuse's own handlers).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: The exit statuses of a program that a stop signal ended: SIGINT, SIGTERM, SIGHUP.
 STOPPED_STATUSES = (128 + signal.SIGINT, EXIT_STATUS, 128 + signal.SIGHUP)
 
@@ -35,12 +37,18 @@ def _raise_terminated(signum: int, _frame: Optional[FrameType]) -> None:
     # Later stop signals change nothing: the program is on its way out, cleaning up (a SIGTERM
     # 5 ms after a SIGHUP killed it by the default action once the first was handled: found by
     # fuzzing).
-    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for number in STOP_SIGNALS:
         if signal.getsignal(number) in (_raise_terminated, signal.default_int_handler):
             signal.signal(number, ignore_after_stop)
+    raise stop_exception(signum)
+
+
+def stop_exception(signum: int) -> KeyboardInterrupt:
+    """What stop signal ``signum`` raises: ``KeyboardInterrupt`` (SIGINT), ``HungUp`` (SIGHUP)
+    or ``Terminated`` (SIGTERM)."""
     if signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    raise HungUp() if signum == signal.SIGHUP else Terminated()
+        return KeyboardInterrupt()
+    return HungUp() if signum == signal.SIGHUP else Terminated()
 
 
 def ignore_after_stop(_signum: int, _frame: Optional[FrameType]) -> None:
@@ -94,7 +102,7 @@ def default_signal_handlers() -> Iterator[None]:
     would never run while the main thread waits in libfuse's loop."""
     previous: Dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
-        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for number in STOP_SIGNALS:
             previous[number] = signal.signal(number, signal.SIG_DFL)
     try:
         yield

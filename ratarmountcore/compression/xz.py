@@ -184,20 +184,19 @@ class XzReader(FramedReader):
         decompressor: Optional[lzma.LZMADecompressor] = None  # (None between streams)
         with self.data_errors():
             while len(out) < size:
-                if decompressor is None or (decompressor.needs_input and not data):
-                    if decompressor is None:
-                        data = data.lstrip(b"\0")  # stream padding
+                if decompressor is None:
+                    data = data.lstrip(b"\0")  # stream padding
+                if not data and (decompressor is None or decompressor.needs_input):
+                    data = self.raw_pread(offset, 64 * 1024)
                     if not data:
-                        data = self.raw_pread(offset, 64 * 1024)
-                        if not data:
-                            break
-                        offset += len(data)
-                        continue
-                    if decompressor is None:
-                        # The next stream: a file of several (``xz a; xz b``) holds them all (a
-                        # first stream shorter than a tar header was taken for the whole file:
-                        # found by fuzzing).
-                        decompressor = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+                        break
+                    offset += len(data)
+                    continue
+                if decompressor is None:
+                    # The next stream: a file of several (``xz a; xz b``) holds them all (a first
+                    # stream shorter than a tar header was taken for the whole file: found by
+                    # fuzzing).
+                    decompressor = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
                 out += decompressor.decompress(data, size - len(out))
                 data = b""
                 if decompressor.eof:

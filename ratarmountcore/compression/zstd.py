@@ -36,6 +36,15 @@ SKIP_STEP = 1 << 20
 #: when told so (found by fuzzing). A decoder holds at most the window, and for a frame of known
 #: size at most the frame.
 MAX_WINDOW = 1 << 31
+
+
+def _new_decompressor() -> Any:
+    """A python-zstandard decompressor that takes windows up to ``MAX_WINDOW``."""
+    import zstandard
+
+    return zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
+
+
 #: The most a zstd block decompresses to (the format's Block_Maximum_Size).
 BLOCK_MAX = 128 * 1024
 
@@ -70,9 +79,7 @@ def parse_frame_header(head: bytes) -> Tuple[int, Optional[int], bool]:
 
 class _ZstdFrameStream(FrameStream):
     def __init__(self, raw: Any) -> None:
-        import zstandard
-
-        self._reader = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW).stream_reader(
+        self._reader = _new_decompressor().stream_reader(
             raw, read_size=1 << 20, read_across_frames=False, closefd=False
         )
         self._scratch: Optional[memoryview] = None
@@ -222,9 +229,7 @@ class ZstdReader(FramedReader):
     def _decompressor(self) -> Any:
         decompressor = getattr(self._local, "decompressor", None)
         if decompressor is None:
-            import zstandard
-
-            decompressor = self._local.decompressor = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
+            decompressor = self._local.decompressor = _new_decompressor()
         return decompressor
 
     def _decode_frame(self, frame: int, table: FrameTable) -> FrameData:
@@ -245,12 +250,8 @@ class ZstdReader(FramedReader):
         return _ZstdFrameStream(self.open_raw(offset, offset + table.comp_sizes[frame]))
 
     def head(self, size: int) -> bytes:
-        import zstandard
-
         raw: Any = self.open_raw()
-        reader = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW).stream_reader(
-            raw, read_across_frames=True, closefd=False
-        )
+        reader = _new_decompressor().stream_reader(raw, read_across_frames=True, closefd=False)
         pieces = []
         remaining = size
         with self.data_errors():

@@ -22,7 +22,7 @@ from ..errors import IndexNotWritableError, IndexWriteError, InvalidIndexError, 
 from ..io.descriptors import check_left
 from ..options import IndexOptions
 from .fingerprint import ArchiveStats
-from .locations import candidate_paths, folder_writable
+from .locations import TEMPORARY_EXTRA, candidate_paths, folder_writable
 from .sqlite_index import IndexReader, IndexWriter, foreign_file, written_by_us
 
 logger = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ SQLITE_PATH_MAX = 512
 def _cause(path: str, exc: BaseException) -> str:
     """Why no index could be created at ``path``, in a few words (a full or read-only disk, a
     path too long: the error blamed writability alone, found by fuzzing)."""
-    if len(os.fsencode(path)) + len(".tmp-") + 12 > SQLITE_PATH_MAX:
+    if len(os.fsencode(path)) + TEMPORARY_EXTRA > SQLITE_PATH_MAX:
         return f"its path is longer than SQLite opens, {SQLITE_PATH_MAX} bytes"
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror.lower()

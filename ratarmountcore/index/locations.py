@@ -30,9 +30,17 @@ def candidate_paths(archive_path: str, options: IndexOptions) -> List[str]:
     return paths
 
 
-#: The longest index file name: NAME_MAX (255 bytes) less what the temporary name adds
-#: (``.tmp-`` and 12 hex digits).
-INDEX_NAME_MAX = 255 - 17
+#: Random bytes in the temporary name of an index being written (``<index>.tmp-<hex>``).
+_TEMPORARY_RANDOM = 6
+#: Bytes the temporary name adds to the index's.
+TEMPORARY_EXTRA = len(".tmp-") + 2 * _TEMPORARY_RANDOM
+#: The longest index file name: NAME_MAX (255 bytes) less what the temporary name adds.
+INDEX_NAME_MAX = 255 - TEMPORARY_EXTRA
+
+
+def temporary_path(index_path: str) -> str:
+    """A new temporary name for the index being written to ``index_path``."""
+    return f"{index_path}.tmp-{os.urandom(_TEMPORARY_RANDOM).hex()}"
 
 
 def _index_name(base: str, tag: str, digest: str) -> str:

@@ -24,6 +24,7 @@ from ..errors import InvalidIndexError, StaleIndexError
 from ..tar.scanner import KIND_DIR, KIND_HARDLINK, KIND_SYMLINK, MemberRecord
 from . import dirents, extraction_order
 from .fingerprint import ArchiveStats
+from .locations import temporary_path
 from .paths import join_path, parent_and_name
 from .pool import ConnectionPool, read_only_uri
 
@@ -185,7 +186,7 @@ class IndexWriter:
 
     def __init__(self, final_path: str, stats: ArchiveStats, archive_path: str, extra: Dict[str, str]) -> None:
         self.final_path = final_path
-        self.temp_path = f"{final_path}.tmp-{os.urandom(6).hex()}"
+        self.temp_path = temporary_path(final_path)
         # Removes the temporary file unless committed: on ``abort``, and also when the writer is
         # dropped or the program exits without either (an exception between creating the writer
         # and entering its block, e.g. a Ctrl-C or SIGTERM turned into one, left the file).

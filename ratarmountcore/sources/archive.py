@@ -395,8 +395,9 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
             raise ArchiveError(f"{path}: file is empty")
         start = plain.pread(0, 512)
         fmt = sniff_bytes(start)
-        if fmt is FormatId.UNKNOWN and other_format(start) is not None:
-            raise UnsupportedFormatError(f"{path}: not a tar archive: {other_format(start)}")
+        other = other_format(start) if fmt is FormatId.UNKNOWN else None
+        if other is not None:
+            raise UnsupportedFormatError(f"{path}: not a tar archive: {other}")
         strip = options.recursive and options.strip_tar_extension
         build_options = {
             "format": fmt.value, "recursive": str(int(options.recursive)), "strip_tar_extension": str(int(strip)),
