@@ -123,6 +123,19 @@ class IndexWriteError(IndexFileError, _CodedOSError):
         return cls(f"{archive}: cannot write its index {index} ({cause})")
 
 
+class IndexLocationFailedError(IndexWriteError):
+    """Writing the index failed at ``index`` for a reason of that place (its disk filled up, a
+    quota, an I/O error), with another location left to try: the archive is opened again and
+    indexed there."""
+
+    errno_code = errno.ENOSPC
+
+    def __init__(self, message: str, index: str, cause: str) -> None:
+        super().__init__(message)
+        self.index = index
+        self.cause = cause
+
+
 class IndexNotWritableError(IndexFileError, PermissionError):
     """No candidate location for the index is writable."""
 

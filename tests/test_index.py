@@ -10,6 +10,7 @@ import struct
 import tarfile
 import threading
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from conftest import tar_bytes
@@ -572,3 +573,70 @@ def test_folders_made_for_the_index_of_a_bad_archive_are_removed(tmp_path: Path)
             ratarmountcore.open(str(archive), OpenOptions(index=options))
         assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "random.tar"]
         assert not list((tmp_path / "kept").iterdir())
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MiB tmpfs of its own (mounting one needs root, as in CI)."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {made.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def _fill(disk: Path, leave: int) -> None:
+    """Fill ``disk`` with a file until only ``leave`` bytes are free."""
+    import os
+
+    st = os.statvfs(disk)
+    (disk / "filler").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
+
+
+@pytest.mark.parametrize("mode", ["w", "w:gz"])
+def test_an_index_that_fills_its_disk_is_built_at_the_next_location(
+    small_disk: Path, tmp_path: Path, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The disk beside the archive fills up during the build (a quota on a project folder runs
+    out): the index goes to the next folder, from a fresh pass over the archive. The mount
+    failed, with a cache folder to spare."""
+    archive = small_disk / ("a.tar" + (".gz" if mode.endswith("gz") else ""))
+    with tarfile.open(archive, mode) as tar:
+        for i in range(6000):
+            info = tarfile.TarInfo(f"d{i % 30}/a_longer_file_name_{i}.jpg")
+            info.size = len(str(i))
+            tar.addfile(info, io.BytesIO(str(i).encode()))
+    _fill(small_disk, 300 * 1024)  # (an empty index fits; the 6,000 members' rows do not)
+    cache = tmp_path / "cache"
+    options = IndexOptions(index_folders=("", str(cache)), progress=False)
+    with caplog.at_level(logging.WARNING), ratarmountcore.open(str(archive), OpenOptions(index=options)) as src:
+        assert Path(src.index_path).parent == cache  # type: ignore[attr-defined]
+        assert len(src.listdir("/")) == 30
+        with src.open("/d7/a_longer_file_name_5977.jpg") as member:
+            assert member.read() == b"5977"
+    assert sorted(p.name for p in small_disk.iterdir()) == [archive.name, "filler"]  # (no temporary file)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        f"{archive}: cannot write its index {archive}.index.sqlite (database or disk is full); "
+        "building it at the next location"
+    ]
+    with ratarmountcore.open(str(archive), OpenOptions(index=options)) as again:  # (found there next time)
+        assert Path(again.index_path).parent == cache  # type: ignore[attr-defined]
+
+
+def test_an_index_that_fills_its_only_location_is_a_clear_error(small_disk: Path) -> None:
+    from ratarmountcore.errors import IndexWriteError
+
+    archive = make_tar(small_disk / "a.tar", 6000)
+    _fill(small_disk, 300 * 1024)
+    options = IndexOptions(index_file=str(small_disk / "a.sqlite"), progress=False)
+    with pytest.raises(IndexWriteError) as caught:
+        ratarmountcore.open(str(archive), OpenOptions(index=options))
+    assert str(caught.value) == f"{archive}: cannot write its index {small_disk}/a.sqlite (database or disk is full)"
+    assert sorted(p.name for p in small_disk.iterdir()) == ["a.tar", "filler"]

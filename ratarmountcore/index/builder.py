@@ -16,9 +16,15 @@ import logging
 import os
 import sqlite3
 import threading
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
-from ..errors import IndexNotWritableError, IndexWriteError, InvalidIndexError, StaleIndexError
+from ..errors import (
+    IndexLocationFailedError,
+    IndexNotWritableError,
+    IndexWriteError,
+    InvalidIndexError,
+    StaleIndexError,
+)
 from ..io.descriptors import check_left
 from ..options import IndexOptions
 from .fingerprint import ArchiveStats
@@ -154,6 +160,19 @@ def _cause(path: str, exc: BaseException) -> str:
     return str(exc)
 
 
+#: SQLite's primary result codes for a write that failed because of the place written to:
+#: SQLITE_IOERR (10; a quota, EDQUOT, is one of these) and SQLITE_FULL (13).
+_LOCATION_CODES = (10, 13)
+
+
+def _of_location(exc: sqlite3.Error) -> bool:
+    """Whether the index's build failed because of where it was written."""
+    code = getattr(exc, "sqlite_errorcode", None)  # (Python 3.11 and later)
+    if code is not None:
+        return code & 0xFF in _LOCATION_CODES
+    return any(words in str(exc) for words in ("disk is full", "disk I/O error"))
+
+
 def open_or_build(
     archive_path: str,
     stats: ArchiveStats,
@@ -161,8 +180,16 @@ def open_or_build(
     build_options: Dict[str, str],
     build: BuildFunction,
     implicit_owner: "tuple[int, int]",
+    failed: Mapping[str, str] = {},
 ) -> IndexReader:
-    candidates = candidate_paths(archive_path, options)
+    """The archive's index: a valid existing one, else one built into the first candidate
+    location that takes it. ``failed`` names locations where a build of this archive failed
+    for a reason of the place (path -> cause): they are not tried again. A build that fails so
+    where another location is left raises IndexLocationFailedError, for the caller to open the
+    archive again (a first pass cannot be run twice on one reader) and pass that location in
+    ``failed``: an index beside an archive on a file system that filled up, or whose quota ran
+    out, during the build went nowhere, and the mount failed with a cache folder to spare."""
+    candidates = [path for path in candidate_paths(archive_path, options) if path not in failed]
     if not options.recreate:
         unusable: List[Callable[[], None]] = []
         for path in candidates:
@@ -175,8 +202,8 @@ def open_or_build(
             report()
 
     foreign: List[str] = []
-    causes: Dict[str, str] = {}  # (why a candidate could not be written: said in the error)
-    for target in candidates:
+    causes: Dict[str, str] = dict(failed)  # (why a candidate could not be written: said in the error)
+    for number, target in enumerate(candidates):
         if foreign_file(target):
             foreign.append(target)
             continue
@@ -208,6 +235,10 @@ def open_or_build(
                 _remove_empty(made)  # (folders made for an index of a bad archive were left)
                 raise
         except sqlite3.Error as exc:  # (the disk filled up: "database or disk is full")
+            if _of_location(exc) and number + 1 < len(candidates):
+                raise IndexLocationFailedError(
+                    f"{archive_path}: cannot write its index {target} ({exc})", target, str(exc)
+                ) from None
             raise IndexWriteError.of(archive_path, target, exc) from None
         return _open_built(target, writer.identity, stats, build_options, archive_path)
     held = ""
@@ -217,8 +248,9 @@ def open_or_build(
         files = [path for path in foreign if path not in folders]
         if files:
             held += f" ({', '.join(files)} is not an index of ours, perhaps another program's, and is left alone)"
+    tried = [*failed, *candidates]
     raise IndexNotWritableError(
         f"{archive_path}: cannot write an index to any of "
-        f"{', '.join(f'{path} ({causes[path]})' if path in causes else path for path in candidates)}{held}; "
+        f"{', '.join(f'{path} ({causes[path]})' if path in causes else path for path in tried)}{held}; "
         "use --index-file or --index-folders to name a writable place"
     )

@@ -7,9 +7,16 @@ import logging
 import os
 import stat
 import threading
-from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
-from ..errors import ArchiveError, InvalidIndexError, NotFoundError, RatarmountError, UnsupportedFormatError
+from ..errors import (
+    ArchiveError,
+    IndexLocationFailedError,
+    InvalidIndexError,
+    NotFoundError,
+    RatarmountError,
+    UnsupportedFormatError,
+)
 from ..formats import FormatId
 from ..index import dirents
 from ..index.builder import open_or_build
@@ -365,12 +372,26 @@ def _renewal(
 
 
 def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSource:
-    """Open (and on first use, index) the archive at ``path``."""
+    """Open (and on first use, index) the archive at ``path``. When writing its index fails
+    because of the place written to (a full disk, a quota), the index is built at the next
+    location (``IndexOptions.index_folders``), from a fresh open of the archive."""
+    options = options or OpenOptions()
+    failed: Dict[str, str] = {}
+    while True:
+        try:
+            return _open_archive(path, options, failed)
+        except IndexLocationFailedError as exc:
+            logger.warning(
+                "%s: cannot write its index %s (%s); building it at the next location", path, exc.index, exc.cause
+            )
+            failed[exc.index] = exc.cause
+
+
+def _open_archive(path: str, options: OpenOptions, failed: Mapping[str, str]) -> MountSource:
     from ..compression.registry import open_compressed
     from ..formats import COMPRESSIONS, has_tar_magic, is_tar_stream, other_format, sniff_bytes
     from ..io.descriptors import check_left
 
-    options = options or OpenOptions()
     try:
         plain = PlainFileReader(path)
     except FileNotFoundError:
@@ -425,7 +446,7 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
                 watch = ArchiveWatch(path, plain.fd, stats)
                 renew = _renewal(plain, fmt, options.compression, watch)
                 return open_single_file(
-                    path, compressed, stats, owner, options, build_options, file_mode, watch, renew
+                    path, compressed, stats, owner, options, build_options, file_mode, watch, renew, failed
                 )  # fmt: skip
             build_options["layout"] = "tar"
 
@@ -446,7 +467,7 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
                     )  # fmt: skip
                 compressed.export_seek_points(writer)
 
-        index = open_or_build(path, stats, options.index, build_options, build, owner)
+        index = open_or_build(path, stats, options.index, build_options, build, owner, failed)
         if reader is not plain:
             try:
                 compressed.import_seek_points(index)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from typing import Callable, Dict, Iterable, Optional, Tuple
+from typing import Callable, Dict, Iterable, Mapping, Optional, Tuple
 
 from ..compression.base import CompressedReader
 from ..errors import InvalidIndexError, NotFoundError
@@ -162,6 +162,7 @@ def open_single_file(
     archive_mode: int,
     watch: Optional[ArchiveWatch] = None,
     renew: Optional[RenewReader] = None,
+    failed: Mapping[str, str] = {},
 ) -> SingleFileSource:
     """Index (first time: decompress once to learn the size and seek points) and open."""
     from .archive import row_to_info
@@ -177,7 +178,7 @@ def open_single_file(
             reader.pread(0, 512)
         writer.add(single_file_record(name, reader.size, archive_mode, stats, owner))
 
-    index = open_or_build(path, stats, options.index, build_options, build, owner)
+    index = open_or_build(path, stats, options.index, build_options, build, owner, failed)
     try:
         reader.import_seek_points(index)
         rows = [row for row in index.list(b"/") if row[2]]
