@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 #: Attributes, names and misses never change on an immutable tree: let the kernel keep them a day.
 TIMEOUT = 86400
 ENCODING = "utf-8"
+#: The longest name a lookup that finds nothing may have; a longer one is ENAMETOOLONG.
+NAME_MAX = 255
 #: Node ids below this are a stable source's inode numbers; the table hands out the ones above.
 STABLE_LIMIT = 1 << 56
 LOOKED_UP_MAX = 1024
@@ -288,6 +290,10 @@ class LowLevelOperations:
         in_run = parent == self._last_parent
         self._last_parent = parent
         reply, info = self._lookup(parent, name, in_run)
+        if reply is self._negative and len(name) > NAME_MAX:
+            # (ENOENT said such a name could exist here; a file system says it cannot. A
+            # member with a longer name is still found: tar may hold one, f_namemax aside.)
+            raise OSError(errno.ENAMETOOLONG, "file name too long")
         if in_run:
             listed = self._follow_run(parent, name)
             if listed is not None:

@@ -568,6 +568,25 @@ def test_statfs_and_fuse_options(mounter: Mounter, archive: Path) -> None:
 
 
 @requires_fuse
+def test_a_name_longer_than_255_bytes_that_is_not_there_is_enametoolong(mounter: Mounter, tmp_path: Path) -> None:
+    """As on a disk (ENOENT said such a name could exist); a member with a name that long (pax
+    allows it) is still found."""
+    import errno
+
+    long_member = "m" * 300
+    archive = make_tar(tmp_path / "long.tar", {long_member: b"long", "d/f": b"x"})
+    mnt = mounter.mount(archive)
+    for missing in (mnt / ("n" * 256), mnt / "d" / ("n" * 300)):
+        with pytest.raises(OSError) as caught:
+            os.stat(missing)
+        assert caught.value.errno == errno.ENAMETOOLONG
+    with pytest.raises(FileNotFoundError):
+        os.stat(mnt / ("n" * 255))
+    assert (mnt / long_member).read_bytes() == b"long"
+    assert sorted(os.listdir(mnt)) == ["d", long_member]
+
+
+@requires_fuse
 def test_progress_bar_on_a_terminal(tmp_path: Path, private_home: Path) -> None:
     archive = make_tar(tmp_path / "many.tar", {f"d{i % 10}/f{i}": b"x" for i in range(3000)})
     mnt = tmp_path / "mnt"
