@@ -139,6 +139,27 @@ def test_recursive_and_union_through_fuse(mounter: Mounter, tmp_path: Path) -> N
     assert found == expected
 
 
+def test_folder_link_counts_of_a_union_through_fuse_are_those_of_tar_x(mounter: Mounter, tmp_path: Path) -> None:
+    """A folder in several archives has 2 links and one per folder in it across all of them,
+    as ``tar -x`` of one after the other leaves it (it had the last archive's count)."""
+    import subprocess
+
+    first, second = tmp_path / "a.tar", tmp_path / "b.tar"
+    first.write_bytes(tar_bytes({"d/x/f": b"1", "d/y/g": b"2", "e/f": b"3"}))
+    second.write_bytes(tar_bytes({"d/z/h": b"4", "d/w/v/i": b"5", "top/j": b"6"}))
+    extracted = tmp_path / "x"
+    extracted.mkdir()
+    for archive in (first, second):
+        subprocess.run(["tar", "-xf", str(archive), "-C", str(extracted)], check=True)
+    mnt = mounter.mount(first, second)
+    folders = [root[len(str(extracted)) :] or "/" for root, _dirs, _files in os.walk(extracted)]
+    assert len(folders) == 9
+    for folder in folders:  # a lookup each (after the walk below: from listings with attributes)
+        assert os.stat(f"{mnt}{folder}").st_nlink == os.stat(f"{extracted}{folder}").st_nlink, folder
+    walked = {root[len(str(mnt)) :] or "/": os.stat(root).st_nlink for root, _dirs, _files in os.walk(mnt)}
+    assert walked == {folder: os.stat(f"{extracted}{folder}").st_nlink for folder in folders}
+
+
 def compress(data: bytes, tool: str) -> bytes:
     import subprocess
 

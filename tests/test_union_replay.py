@@ -161,6 +161,26 @@ def test_a_union_of_folders_and_tars_is_what_tar_x_of_each_in_turn_leaves(
         for path in PATHS:  # lookups agree with the listings, also of names not shown
             info: Optional[ratarmountcore.FileInfo] = src.lookup("/" + path)
             assert (info is not None) == (path in expected), path
+        if not any(folder for folder, _tree in all_sources):
+            check_folder_links(src, expected)
+
+
+def check_folder_links(src: ratarmountcore.MountSource, expected: Dict[str, Tuple[str, int]]) -> None:
+    """Each folder's link count is what tar -x leaves (2 and one per folder in it) in lookups,
+    listings with attributes and stat rows alike. (Unions of archives only: a folder source's
+    folders keep their own counts.)"""
+    folders = [""] + [path for path, (kind, _) in expected.items() if kind == "d"]
+    for folder in folders:
+        inside = [p for p in folders if p and p.rpartition("/")[0] == folder]
+        links = 2 + len(inside)
+        assert src.info("/" + folder).nlink == links, folder
+        for name in inside:
+            child = name.rpartition("/")[2]
+            assert src.info("/" + name).nlink == 2 + sum(p.rpartition("/")[0] == name for p in folders), name
+            listed = dict(src.list_entries("/" + folder) or [])
+            assert listed[child].nlink == src.info("/" + name).nlink, name
+            rows = {row[0]: row for row in src.list_stat_rows("/" + folder) or []}
+            assert rows[child.encode()][6] == src.info("/" + name).nlink, name
 
 
 def _tar(path: Path, members: Dict[str, Optional[bytes]]) -> None:

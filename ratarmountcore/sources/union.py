@@ -45,9 +45,9 @@ logger = logging.getLogger(__name__)
 _S_IFMT = 0o170000
 #: A path component naming an entry's versions (``PATH.versions/``).
 _VERSIONS_PART = VERSIONS_SUFFIX.decode() + "/"
-UNION_FORMAT = "9"  # 5: a folder replaced by a file takes its entries with it; 6: ``implied``;
+UNION_FORMAT = "10"  # 5: a folder replaced by a file takes its entries with it; 6: ``implied``;
 # 7: nothing below an earlier source's file that a later source only implies as a folder;
-# 8: ``barriers``; 9: ``kinds`` (instead of barriers)
+# 8: ``barriers``; 9: ``kinds`` (instead of barriers); 10: folders' link counts of the union
 #: A folder's rows from the union table (``StatRow`` fields) after a name, in name order.
 _STAT_ROWS_SQL = (
     "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev FROM entries "
@@ -60,6 +60,8 @@ _SOURCE_ROWS_SQL = (
     "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, source, implied FROM entries "
     "WHERE parent = ? AND name > ? ORDER BY name LIMIT ?"
 )
+#: The link counts of a folder's folders in the union table.
+_FOLDER_LINKS_SQL = f"SELECT name, nlink FROM entries WHERE parent = ? AND mode & {_S_IFMT} = {stat.S_IFDIR}"
 #: The archives' claims on a name (``union_replay``; unions with folder sources only).
 _KINDS_SQL = "SELECT source, kind FROM kinds WHERE parent = ? AND name = ?"
 #: The table's winner of a name no archive has as a folder.
@@ -105,6 +107,7 @@ class UnionSource(MountSource):
         #: Per source: whether it finds its entries by inode number (``by_ino``).
         self._numbered = [type(source).by_ino is not MountSource.by_ino for source in self.sources]
         self._immutable = all(source.is_immutable for source in self.sources)
+        self._root_nlink: Optional[int] = None  # (``_root_links``)
         #: The sources that may change while mounted (folders), in order: not in the table.
         self._mutable = [number for number, source in enumerate(self.sources) if not source.is_immutable]
         self._all_numbered = all(self._numbered) and self._immutable
@@ -246,6 +249,21 @@ class UnionSource(MountSource):
                 conn.executemany(
                     f"INSERT OR REPLACE INTO entries {columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
                 )
+        self._count_folder_links(conn)
+
+    @staticmethod
+    def _count_folder_links(conn: sqlite3.Connection) -> None:
+        """Each folder's link count as tar -x of the sources in turn leaves it: 2 and one for
+        each folder in it. A folder in several sources had the winner's count, of its own
+        subfolders only (``ls -ld``, ``find``'s leaf optimization)."""
+        is_dir = f"mode & {_S_IFMT} = {stat.S_IFDIR}"
+        subfolders = dict(conn.execute(f"SELECT parent, COUNT(*) FROM entries WHERE {is_dir} GROUP BY parent"))
+        updates = []
+        for parent, name, nlink in conn.execute(f"SELECT parent, name, nlink FROM entries WHERE {is_dir}").fetchall():
+            links = 2 + subfolders.get(join_path(parent, name), 0)
+            if links != nlink:
+                updates.append((links, parent, name))
+        conn.executemany("UPDATE entries SET nlink = ? WHERE parent = ? AND name = ?", updates)
 
     @staticmethod
     def _record_kinds(conn: sqlite3.Connection, number: int) -> None:
@@ -288,11 +306,17 @@ class UnionSource(MountSource):
         with self._lock, sqlite_gate.gate:
             return self._memory.execute(sql, params).fetchall()
 
-    def _winner(self, path: str) -> Tuple[Optional[int], bool]:
-        """The source the table gives ``path`` to, and whether its entry is a folder only implied
-        by member paths."""
-        rows = self._query("SELECT source, implied FROM entries WHERE parent = ? AND name = ?", split_path(path))
-        return (int(rows[0][0]), bool(rows[0][1])) if rows else (None, False)
+    def _winner(self, path: str) -> Tuple[Optional[int], bool, int]:
+        """The source the table gives ``path`` to, whether its entry is a folder only implied by
+        member paths, and its link count in the union."""
+        rows = self._query("SELECT source, implied, nlink FROM entries WHERE parent = ? AND name = ?", split_path(path))
+        return (int(rows[0][0]), bool(rows[0][1]), int(rows[0][2])) if rows else (None, False, 0)
+
+    def _root_links(self) -> int:
+        """The root's link count in the union (``_count_folder_links``)."""
+        if self._root_nlink is None:
+            self._root_nlink = 2 + len(self._query(_FOLDER_LINKS_SQL, (b"/",)))
+        return self._root_nlink
 
     def _children(self, path: str, limit: int = -1) -> List[Tuple[bytes, int]]:
         return self._query("SELECT name, source FROM entries WHERE parent = ? LIMIT ?", (encode(path), limit))
@@ -328,14 +352,17 @@ class UnionSource(MountSource):
     def lookup(self, path: str) -> Optional[FileInfo]:
         if path == "/":
             info = self.sources[-1].lookup("/")
-            return None if info is None else info._replace(ino=1, locator=None)
+            if info is None:
+                return None
+            links = info.nlink if self._mutable else self._root_links()  # (with folders: theirs)
+            return info._replace(ino=1, locator=None, nlink=links)
         if self._mutable:
             return self._lookup_live(path)
-        number, _implied = self._winner(path)
+        number, _implied, links = self._winner(path)
         if number is not None:
             info = self.sources[number].lookup(path)
             if info is not None:
-                return self._wrap(number, info)
+                return self._wrap(number, info._replace(nlink=links) if info.is_dir else info)
         # Not in the union table: a PATH.versions folder or version (no index lists them). In a
         # union of archives nothing else is missing from the table: a miss is one query, not
         # one per source.
@@ -517,7 +544,10 @@ class UnionSource(MountSource):
             if info is None or (self._mutable and self._owner(path) != number):
                 return None
             return path, self._wrap(number, info)
-        return found[0], self._wrap(number, found[1])
+        info = found[1]
+        if info.is_dir and not self._mutable:
+            info = info._replace(nlink=self._winner(found[0])[2])
+        return found[0], self._wrap(number, info)
 
     def lists_by_number(self, folder: FileInfo) -> bool:
         return self._all_numbered  # (a folder among the sources: its entries have no numbers)
@@ -582,9 +612,15 @@ class UnionSource(MountSource):
         for raw_name, number in names:
             wanted.setdefault(number, set()).add(raw_name.decode("utf-8", "surrogateescape"))
         found: Dict[str, FileInfo] = {}
+        links: Dict[str, int] = {}
+        if not self._mutable:  # (with folder sources: their folders' own counts)
+            rows = self._query(_FOLDER_LINKS_SQL, (encode(path),))
+            links = {name.decode("utf-8", "surrogateescape"): count for name, count in rows}
         for number, of_source in wanted.items():
             for name, child in self.sources[number].list_entries(path) or []:
                 if name in of_source:
+                    if child.is_dir and name in links:
+                        child = child._replace(nlink=links[name])
                     found[name] = self._wrap(number, child)
                     of_source.discard(name)
             if of_source and self._mutable:
