@@ -140,3 +140,25 @@ def timed_fork() -> float:
     waited = time.monotonic() - begin
     os.waitpid(pid, 0)
     return waited
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MiB tmpfs of its own, to fill up (mounting one needs root, as in CI)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {made.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        if subprocess.run(["umount", str(disk)]).returncode != 0:
+            subprocess.run(["umount", "-l", str(disk)], check=True)
+            pytest.fail(f"{disk} was busy at the end: a file on it was left open")
+
+
+def fill_disk(disk: Path, leave: int) -> None:
+    """Fill ``disk`` with a file named ``filler`` until only ``leave`` bytes are free."""
+    st = os.statvfs(disk)
+    (disk / "filler").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))

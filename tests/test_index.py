@@ -10,10 +10,9 @@ import struct
 import tarfile
 import threading
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-from conftest import tar_bytes
+from conftest import fill_disk, tar_bytes
 
 import ratarmountcore
 from ratarmountcore.errors import IndexNotWritableError, TruncatedArchiveError
@@ -575,30 +574,6 @@ def test_folders_made_for_the_index_of_a_bad_archive_are_removed(tmp_path: Path)
         assert not list((tmp_path / "kept").iterdir())
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 16 MiB tmpfs of its own (mounting one needs root, as in CI)."""
-    import subprocess
-
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {made.stderr.decode().strip()}")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
-
-
-def _fill(disk: Path, leave: int) -> None:
-    """Fill ``disk`` with a file until only ``leave`` bytes are free."""
-    import os
-
-    st = os.statvfs(disk)
-    (disk / "filler").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
-
-
 @pytest.mark.parametrize("mode", ["w", "w:gz"])
 def test_an_index_that_fills_its_disk_is_built_at_the_next_location(
     small_disk: Path, tmp_path: Path, mode: str, caplog: pytest.LogCaptureFixture
@@ -612,7 +587,7 @@ def test_an_index_that_fills_its_disk_is_built_at_the_next_location(
             info = tarfile.TarInfo(f"d{i % 30}/a_longer_file_name_{i}.jpg")
             info.size = len(str(i))
             tar.addfile(info, io.BytesIO(str(i).encode()))
-    _fill(small_disk, 300 * 1024)  # (an empty index fits; the 6,000 members' rows do not)
+    fill_disk(small_disk, 300 * 1024)  # (an empty index fits; the 6,000 members' rows do not)
     cache = tmp_path / "cache"
     options = IndexOptions(index_folders=("", str(cache)), progress=False)
     with caplog.at_level(logging.WARNING), ratarmountcore.open(str(archive), OpenOptions(index=options)) as src:
@@ -634,7 +609,7 @@ def test_an_index_that_fills_its_only_location_is_a_clear_error(small_disk: Path
     from ratarmountcore.errors import IndexWriteError
 
     archive = make_tar(small_disk / "a.tar", 6000)
-    _fill(small_disk, 300 * 1024)
+    fill_disk(small_disk, 300 * 1024)
     options = IndexOptions(index_file=str(small_disk / "a.sqlite"), progress=False)
     with pytest.raises(IndexWriteError) as caught:
         ratarmountcore.open(str(archive), OpenOptions(index=options))

@@ -155,3 +155,30 @@ def test_the_table_goes_to_the_first_index_folder_named(tmp_path: Path) -> None:
     with ratarmountcore.open([str(a), str(b)], only_beside) as src:  # the default folder then
         assert src.listdir("/") == ["x", "y"]
     assert len(tables(tmp_path)) == 1
+
+
+def test_a_table_that_fills_its_disk_is_kept_in_memory(
+    tmp_path: Path, small_disk: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLite's "database or disk is full" failed the mount with a traceback (an OSError was
+    expected there, found in session 25)."""
+    import logging
+
+    from conftest import fill_disk
+
+    from ratarmountcore.options import IndexOptions, OpenOptions
+
+    a, b = tmp_path / "a.tar", tmp_path / "b.tar"
+    a.write_bytes(tar_bytes({f"a/{i}/file-with-a-long-name-{i}": b"1" for i in range(3000)}))
+    b.write_bytes(tar_bytes({f"b/{i}": b"2" for i in range(3000)}))
+    options = OpenOptions(index=IndexOptions(index_folders=("", str(small_disk / "cache"))))
+    with ratarmountcore.open(str(a)), ratarmountcore.open(str(b)):
+        pass  # (their indexes beside them)
+    fill_disk(small_disk, 64 * 1024)
+    with caplog.at_level(logging.WARNING), ratarmountcore.open([str(a), str(b)], options) as src:
+        assert src.listdir("/") == ["a", "b"] and src.read("/a/7/file-with-a-long-name-7") == b"1"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Cannot cache the union table in {small_disk}/cache (database or disk is full); keeping it in memory"
+    ]
+    assert sorted(p.name for p in small_disk.iterdir()) == ["cache", "filler"]
+    assert list((small_disk / "cache").iterdir()) == []

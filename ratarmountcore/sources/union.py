@@ -123,7 +123,7 @@ class UnionSource(MountSource):
             else:
                 try:
                     self._build()
-                except OSError as exc:
+                except (OSError, sqlite3.Error) as exc:  # (sqlite3: "database or disk is full")
                     logger.warning("Cannot cache the union table in %s (%s); keeping it in memory", folder, exc)
                     self.table_path = ":memory:"
                 else:
@@ -155,12 +155,14 @@ class UnionSource(MountSource):
             return
         os.makedirs(os.path.dirname(self.table_path), exist_ok=True)
         temp = union_cache.build_path(self.table_path)
+        conn = sqlite3.connect(temp, isolation_level=None)
         try:
-            conn = sqlite3.connect(temp, isolation_level=None)
-            conn.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;")
-            self._fill(conn)  # one statement (and transaction) per source: DETACH needs none open
-            union_cache.record(conn, UNION_FORMAT, self._identities)
-            conn.close()
+            try:
+                conn.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;")
+                self._fill(conn)  # one statement (and transaction) per source: DETACH needs none open
+                union_cache.record(conn, UNION_FORMAT, self._identities)
+            finally:
+                conn.close()  # (a failed build kept the removed file open: its disk stayed full)
             os.replace(temp, self.table_path)
         except BaseException:
             if os.path.exists(temp):
