@@ -4,6 +4,7 @@ with its index written in the same pass (the first mount of the output is instan
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -18,6 +19,9 @@ from .cli import parse_index_folders
 from .termination import ended_by, exit_status, sigterm_raises
 
 logger = logging.getLogger("ratarmount.convert")
+
+#: Errors only writing gives: the file they concern is the output.
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,6 +107,8 @@ def _convert(args: argparse.Namespace, options: OpenOptions) -> int:
         text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         if isinstance(exc, OSError) and exc.filename and str(exc.filename) not in text:
             text = f"{exc.filename}: {text}"
+        elif isinstance(exc, OSError) and exc.errno in _WRITE_ERRNOS and not exc.filename:
+            text = f"{args.output}: {text}"  # (a write's error names no file: it can only be the output's)
         message = text.splitlines()[0] if text else type(exc).__name__
         print(f"ratarmount-convert: error: {message}", file=sys.stderr)
         return 1

@@ -1277,6 +1277,23 @@ def test_an_index_that_fills_the_disk_is_a_one_line_error_and_leaves_nothing(
     assert sorted(os.listdir(tmp_path)) == before
 
 
+def test_a_conversion_onto_a_full_disk_names_the_output_and_leaves_nothing(
+    tmp_path: Path, small_disk: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A write's ENOSPC names no file: the error said "No space left on device" alone."""
+    from conftest import fill_disk
+
+    from ratarmount.convert_cli import main
+
+    source = tmp_path / "data.tar.gz"
+    source.write_bytes(gzip.compress(tar_bytes({f"d/f{i}": os.urandom(2000) for i in range(1000)})))
+    fill_disk(small_disk, 512 * 1024)
+    out = small_disk / "out.tar.zst"
+    assert main([str(source), str(out), "--no-progress"]) == 1
+    assert capsys.readouterr().err == f"ratarmount-convert: error: {out}: No space left on device\n"
+    assert sorted(os.listdir(small_disk)) == ["filler"]
+
+
 def test_the_converter_names_a_truncated_tar_in_its_error(tmp_path: Path) -> None:
     """As a mount names it (the converter said only "archive ends inside member data ...")."""
     whole = tar_bytes({f"f{i}": os.urandom(100_000) for i in range(3)})
