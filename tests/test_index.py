@@ -10,6 +10,7 @@ import struct
 import tarfile
 import threading
 from pathlib import Path
+from typing import List
 
 import pytest
 from conftest import fill_disk, tar_bytes
@@ -598,11 +599,65 @@ def test_an_index_that_fills_its_disk_is_built_at_the_next_location(
     assert sorted(p.name for p in small_disk.iterdir()) == [archive.name, "filler"]  # (no temporary file)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
-        f"{archive}: cannot write its index {archive}.index.sqlite (database or disk is full); "
+        f"{archive}: cannot write its index {archive}.index.sqlite (its disk is full); "
         "building it at the next location"
     ]
     with ratarmountcore.open(str(archive), OpenOptions(index=options)) as again:  # (found there next time)
         assert Path(again.index_path).parent == cache  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("leave", [300 * 1024, 8 * 1024], ids=["during the build", "at its creation"])
+def test_the_archives_of_a_full_folder_go_to_the_next_location_with_one_warning(
+    small_disk: Path, tmp_path: Path, leave: int, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder of archives on a full disk: each archive filled it, failed, freed the room again
+    by removing its file, and was read a second time, with a warning each; with no room for an
+    empty index there was no word at all (found by fuzzing)."""
+    from ratarmountcore.index import builder
+
+    archives = [make_tar(small_disk / f"class{i}.tar", 1500) for i in range(4)]
+    fill_disk(small_disk, leave)
+    created: List[str] = []
+    writer = builder.IndexWriter
+
+    def counted(target: str, *args: object) -> object:
+        created.append(target)
+        return writer(target, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builder, "IndexWriter", counted)
+    cache = tmp_path / "cache"
+    options = OpenOptions(index=IndexOptions(index_folders=("", str(cache)), progress=False))
+    with caplog.at_level(logging.WARNING):
+        for archive in archives:
+            with ratarmountcore.open(str(archive), options) as src:
+                assert Path(src.index_path).parent == cache  # type: ignore[attr-defined]
+                assert src.read("/d3/f1453") == b"1453"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "building it at the next location" in warnings[0], warnings
+    assert created == [f"{archives[0]}.index.sqlite"] + [str(cache / Path(c).name) for c in created[1:]]
+    assert len(created) == 5  # (the folder tried once)
+    assert sorted(p.name for p in small_disk.iterdir()) == sorted([a.name for a in archives] + ["filler"])
+
+
+def test_a_full_temporary_folder_is_named_and_the_archive_read_once(tmp_path: Path, small_disk: Path) -> None:
+    """SQLite's sort of a large index spills to TMPDIR: a full one was blamed on the index's
+    folder, and the archive was indexed again in the next location, to fail the same way."""
+    import os
+    import subprocess
+    import sys
+
+    archive = tmp_path / "large.tar"
+    with tarfile.open(archive, "w") as tar:
+        for i in range(60000):
+            tar.addfile(tarfile.TarInfo(f"folder{i % 100}/a_somewhat_longer_file_name_{i:08d}.jpg"))
+    fill_disk(small_disk, 64 * 1024)
+    env = {**os.environ, "TMPDIR": str(small_disk), "HOME": str(tmp_path / "home")}
+    code = f"import ratarmountcore; ratarmountcore.open({str(archive)!r}).close()"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert result.returncode == 1
+    assert f"SQLite's temporary folder {small_disk} is full" in result.stderr.splitlines()[-1]
+    assert "next location" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["disk", "large.tar"]  # (no index, no home cache)
 
 
 def test_an_index_that_fills_its_only_location_is_a_clear_error(small_disk: Path) -> None:

@@ -161,7 +161,7 @@ def test_a_table_that_fills_its_disk_is_kept_in_memory(
     tmp_path: Path, small_disk: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """SQLite's "database or disk is full" failed the mount with a traceback (an OSError was
-    expected there, found in session 25)."""
+    expected there, found in session 25); the folder made for the table is removed again."""
     import logging
 
     from conftest import fill_disk
@@ -180,5 +180,4 @@ def test_a_table_that_fills_its_disk_is_kept_in_memory(
     assert [r.getMessage() for r in caplog.records] == [
         f"Cannot cache the union table in {small_disk}/cache (database or disk is full); keeping it in memory"
     ]
-    assert sorted(p.name for p in small_disk.iterdir()) == ["cache", "filler"]
-    assert list((small_disk / "cache").iterdir()) == []
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]  # (the folder made for it too)

@@ -163,6 +163,10 @@ def test_a_union_of_folders_and_tars_is_what_tar_x_of_each_in_turn_leaves(
             assert (info is not None) == (path in expected), path
         if not any(folder for folder, _tree in all_sources):
             check_folder_links(src, expected)
+        for folder in [""] + [p for p, (kind, _) in expected.items() if kind == "d"]:
+            for row in src.list_stat_rows("/" + folder) or []:  # listings agree with lookups
+                child = f"/{folder}/{row[0].decode()}" if folder else f"/{row[0].decode()}"
+                assert row[6] == src.info(child).nlink, child
 
 
 def check_folder_links(src: ratarmountcore.MountSource, expected: Dict[str, Tuple[str, int]]) -> None:

@@ -26,7 +26,9 @@ from ..errors import (
     StaleIndexError,
 )
 from ..io.descriptors import check_left
+from ..io.host_paths import missing_folders, remove_empty
 from ..options import IndexOptions
+from . import full_folders
 from .fingerprint import ArchiveStats
 from .locations import TEMPORARY_EXTRA, candidate_paths, folder_writable
 from .sqlite_index import IndexReader, IndexWriter, foreign_file, written_by_us
@@ -98,27 +100,6 @@ def _report_unusable(path: str, message: str) -> None:
         logger.debug("%s is not an index of ours", path)
 
 
-def _missing_folders(folder: str) -> List[str]:
-    """``folder`` and those of its ancestors that do not exist, innermost first."""
-    missing: List[str] = []
-    while folder and not os.path.exists(folder):
-        missing.append(folder)
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            break
-        folder = parent
-    return missing
-
-
-def _remove_empty(folders: List[str]) -> None:
-    """Remove ``folders`` (innermost first) while they are empty."""
-    for folder in folders:
-        try:
-            os.rmdir(folder)
-        except OSError:
-            return
-
-
 def _open_built(
     path: str,
     identity: Optional[Tuple[int, int]],
@@ -160,17 +141,11 @@ def _cause(path: str, exc: BaseException) -> str:
     return str(exc)
 
 
-#: SQLite's primary result codes for a write that failed because of the place written to:
-#: SQLITE_IOERR (10; a quota, EDQUOT, is one of these) and SQLITE_FULL (13).
-_LOCATION_CODES = (10, 13)
-
-
-def _of_location(exc: sqlite3.Error) -> bool:
-    """Whether the index's build failed because of where it was written."""
-    code = getattr(exc, "sqlite_errorcode", None)  # (Python 3.11 and later)
-    if code is not None:
-        return code & 0xFF in _LOCATION_CODES
-    return any(words in str(exc) for words in ("disk is full", "disk I/O error"))
+def _pass_over(archive_path: str, target: str, cause: str) -> None:
+    """Remember ``target``'s folder as one to pass over (``full_folders``), saying so the first time."""
+    level = logging.WARNING if full_folders.remember(os.path.dirname(target), cause) else logging.DEBUG
+    message = "%s: cannot write its index %s (%s); building it at the next location"
+    logger.log(level, message, archive_path, target, cause)
 
 
 def open_or_build(
@@ -204,20 +179,29 @@ def open_or_build(
     foreign: List[str] = []
     causes: Dict[str, str] = dict(failed)  # (why a candidate could not be written: said in the error)
     for number, target in enumerate(candidates):
+        last = number + 1 == len(candidates)
         if foreign_file(target):
             foreign.append(target)
             continue
-        made = _missing_folders(os.path.dirname(target))
+        passed_over = None if last else full_folders.remembered(os.path.dirname(target))
+        if passed_over is not None:  # (another archive's build there ran out of room)
+            causes[target] = passed_over
+            continue
+        made = missing_folders(os.path.dirname(target))
         if not folder_writable(target):
             causes[target] = "its folder cannot be written"
             continue
         try:
             writer = IndexWriter(target, stats, archive_path, build_options)
         except (OSError, sqlite3.Error) as exc:
-            _remove_empty(made)
+            remove_empty(made)
             check_left(archive_path)
-            logger.debug("Cannot create an index at %s: %s", target, exc)
             causes[target] = _cause(target, exc)
+            space = full_folders.creation_failure(exc)
+            if space is not None and not last:
+                _pass_over(archive_path, target, space)  # (a full disk went unsaid: found by fuzzing)
+            else:
+                logger.debug("Cannot create an index at %s: %s", target, exc)
             continue
         if foreign:
             logger.warning(
@@ -232,14 +216,19 @@ def open_or_build(
                     build(writer)
                     writer.commit(stats.mtime_ns, *implicit_owner)
             except BaseException:
-                _remove_empty(made)  # (folders made for an index of a bad archive were left)
+                remove_empty(made)  # (folders made for an index of a bad archive were left)
                 raise
         except sqlite3.Error as exc:  # (the disk filled up: "database or disk is full")
-            if _of_location(exc) and number + 1 < len(candidates):
-                raise IndexLocationFailedError(
-                    f"{archive_path}: cannot write its index {target} ({exc})", target, str(exc)
-                ) from None
-            raise IndexWriteError.of(archive_path, target, exc) from None
+            cause = full_folders.build_failure(exc, writer.free_at_abort)
+            elsewhere = full_folders.temporary_full_message(exc) if cause is None else None
+            if elsewhere is not None:
+                raise IndexWriteError(f"{archive_path}: cannot write its index {target}: {elsewhere}") from None
+            if cause is None or last:
+                raise IndexWriteError.of(archive_path, target, exc) from None
+            _pass_over(archive_path, target, cause)
+            raise IndexLocationFailedError(
+                f"{archive_path}: cannot write its index {target} ({cause})", target, cause
+            ) from None
         return _open_built(target, writer.identity, stats, build_options, archive_path)
     held = ""
     if foreign:

@@ -191,6 +191,9 @@ class IndexWriter:
         # dropped or the program exits without either (an exception between creating the writer
         # and entering its block, e.g. a Ctrl-C or SIGTERM turned into one, left the file).
         self._remove_temporary = weakref.finalize(self, _remove_files, self.temp_path, self.temp_path + "-journal")
+        #: Bytes free for the index's folder when the build was given up, its file still there
+        #: (None: not given up, or unknown): tells a full disk there from one elsewhere.
+        self.free_at_abort: Optional[int] = None
         self._stats = stats
         # For people reading the index; a name that is not UTF-8 is kept readable (SQLite text
         # must be UTF-8: a surrogate-escaped name failed the build).
@@ -469,6 +472,11 @@ class IndexWriter:
         try:
             self._conn.close()
         except (sqlite3.Error, AttributeError):  # (AttributeError: interrupted before connecting)
+            pass
+        try:
+            st = os.statvfs(os.path.dirname(self.temp_path))
+            self.free_at_abort = st.f_bavail * st.f_frsize
+        except OSError:
             pass
         self._remove_temporary()
 

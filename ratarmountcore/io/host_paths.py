@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import List
 
 
 def absolute(path: str) -> str:
@@ -16,3 +17,24 @@ def absolute(path: str) -> str:
     if name in ("", ".", ".."):
         return os.path.realpath(path)
     return os.path.join(os.path.realpath(folder or "."), name)
+
+
+def missing_folders(folder: str) -> List[str]:
+    """``folder`` and those of its ancestors that do not exist, innermost first."""
+    missing: List[str] = []
+    while folder and not os.path.exists(folder):
+        missing.append(folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return missing
+
+
+def remove_empty(folders: List[str]) -> None:
+    """Remove ``folders`` (innermost first) while they are empty."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return

@@ -380,10 +380,7 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
     while True:
         try:
             return _open_archive(path, options, failed)
-        except IndexLocationFailedError as exc:
-            logger.warning(
-                "%s: cannot write its index %s (%s); building it at the next location", path, exc.index, exc.cause
-            )
+        except IndexLocationFailedError as exc:  # (said by the builder, once per folder)
             failed[exc.index] = exc.cause
 
 

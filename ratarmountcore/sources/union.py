@@ -33,6 +33,7 @@ from ..index.sqlite_index import (
     split_path,
 )
 from ..io import forks, sqlite_gate
+from ..io.host_paths import missing_folders, remove_empty
 from ..io.readers import MemberFile
 from ..options import IndexOptions
 from . import union_cache
@@ -153,9 +154,14 @@ class UnionSource(MountSource):
             self._fill(conn)
             self._memory = conn
             return
+        made = missing_folders(os.path.dirname(self.table_path))
         os.makedirs(os.path.dirname(self.table_path), exist_ok=True)
         temp = union_cache.build_path(self.table_path)
-        conn = sqlite3.connect(temp, isolation_level=None)
+        try:
+            conn = sqlite3.connect(temp, isolation_level=None)
+        except BaseException:
+            remove_empty(made)
+            raise
         try:
             try:
                 conn.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;")
@@ -167,6 +173,7 @@ class UnionSource(MountSource):
         except BaseException:
             if os.path.exists(temp):
                 os.unlink(temp)
+            remove_empty(made)  # (the folders made for it were left, found by fuzzing)
             raise
 
     def _fill(self, conn: sqlite3.Connection) -> None:
@@ -251,7 +258,8 @@ class UnionSource(MountSource):
                 conn.executemany(
                     f"INSERT OR REPLACE INTO entries {columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
                 )
-        self._count_folder_links(conn)
+        if not self._mutable:  # (with folder sources, folders keep their winners' counts, as lookups give)
+            self._count_folder_links(conn)
 
     @staticmethod
     def _count_folder_links(conn: sqlite3.Connection) -> None:
