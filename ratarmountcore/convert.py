@@ -27,6 +27,7 @@ from .compression.frame_crcs import FrameCrcs, crcs_of
 from .compression.framed import FrameTable
 from .errors import ArchiveError, IndexWriteError, NotFoundError, RatarmountError, UnsupportedFormatError
 from .formats import COMPRESSIONS, FormatId, is_tar_stream, sniff_bytes
+from .index import full_folders
 from .index.fingerprint import ArchiveStats, archive_stats
 from .index.locations import candidate_paths, folder_writable
 from .index.sqlite_index import IndexWriter, foreign_file
@@ -376,7 +377,8 @@ def convert_to_seekable_zstd(
         except FileNotFoundError:
             pass
         if isinstance(exc, sqlite3.Error) and writer is not None:  # (the disk filled up)
-            raise IndexWriteError.of(dst_path, writer.final_path, exc) from None
+            cause = full_folders.explained(exc, writer.free_at_abort)
+            raise IndexWriteError.of(dst_path, writer.final_path, cause) from None
         if isinstance(exc, ArchiveError):  # (as a mount names it)
             raise exc.naming(src_path) from None
         raise

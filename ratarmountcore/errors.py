@@ -119,7 +119,7 @@ class IndexWriteError(IndexFileError, _CodedOSError):
     """Writing the index failed on the way (the disk filled up, an I/O error)."""
 
     @classmethod
-    def of(cls, archive: str, index: str, cause: Exception) -> "IndexWriteError":
+    def of(cls, archive: str, index: str, cause: object) -> "IndexWriteError":
         return cls(f"{archive}: cannot write its index {index} ({cause})")
 
 

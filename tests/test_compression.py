@@ -1253,6 +1253,7 @@ def test_an_index_that_fills_the_disk_is_a_one_line_error_and_leaves_nothing(
     the output in place without its index, found by fuzzing with a tiny tmpfs)."""
     from ratarmount.convert_cli import main
     from ratarmountcore.errors import IndexWriteError
+    from ratarmountcore.index import full_folders
     from ratarmountcore.index.sqlite_index import IndexWriter
 
     method = "_flush" if stage == "rows" else "commit"
@@ -1264,6 +1265,7 @@ def test_an_index_that_fills_the_disk_is_a_one_line_error_and_leaves_nothing(
         raise sqlite3.OperationalError("database or disk is full")
 
     monkeypatch.setattr(IndexWriter, method, full)
+    monkeypatch.setattr(full_folders, "FULL_BELOW", 1 << 62)  # (the disk counts as full, as it would be)
     source = tmp_path / "data.tar.gz"
     source.write_bytes(gzip.compress(tar_bytes({f"d/f{i}": b"x" * i for i in range(50)})))
     before = sorted(os.listdir(tmp_path))

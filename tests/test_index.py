@@ -599,8 +599,7 @@ def test_an_index_that_fills_its_disk_is_built_at_the_next_location(
     assert sorted(p.name for p in small_disk.iterdir()) == [archive.name, "filler"]  # (no temporary file)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
-        f"{archive}: cannot write its index {archive}.index.sqlite (its disk is full); "
-        "building it at the next location"
+        f"{archive}: cannot write its index {archive}.index.sqlite (its disk is full); building it at the next location"
     ]
     with ratarmountcore.open(str(archive), OpenOptions(index=options)) as again:  # (found there next time)
         assert Path(again.index_path).parent == cache  # type: ignore[attr-defined]

@@ -219,12 +219,10 @@ def open_or_build(
                 remove_empty(made)  # (folders made for an index of a bad archive were left)
                 raise
         except sqlite3.Error as exc:  # (the disk filled up: "database or disk is full")
-            cause = full_folders.build_failure(exc, writer.free_at_abort)
-            elsewhere = full_folders.temporary_full_message(exc) if cause is None else None
-            if elsewhere is not None:
-                raise IndexWriteError(f"{archive_path}: cannot write its index {target}: {elsewhere}") from None
+            free = writer.free_at_abort
+            cause = full_folders.build_failure(exc, free)
             if cause is None or last:
-                raise IndexWriteError.of(archive_path, target, exc) from None
+                raise IndexWriteError.of(archive_path, target, full_folders.explained(exc, free)) from None
             _pass_over(archive_path, target, cause)
             raise IndexLocationFailedError(
                 f"{archive_path}: cannot write its index {target} ({cause})", target, cause

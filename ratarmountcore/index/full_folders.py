@@ -69,13 +69,14 @@ def build_failure(exc: sqlite3.Error, free: Optional[int]) -> Optional[str]:
     return None
 
 
-def temporary_full_message(exc: sqlite3.Error) -> Optional[str]:
-    """For a build that failed with "disk is full" while its folder had room: where SQLite's
-    temporary files went, and what to do."""
-    if _code(exc) != _SQLITE_FULL:
-        return None
+def explained(exc: sqlite3.Error, free: Optional[int]) -> str:
+    """Why a build failed, in words: SQLite's own, or, for "disk is full" while the index's
+    folder had room (``free`` bytes when the build was given up), where SQLite's temporary
+    files went and what to do."""
+    if _code(exc) != _SQLITE_FULL or build_failure(exc, free) is not None:
+        return str(exc)
     return (
-        f"SQLite's temporary folder {temporary_folder()} is full (the sort of a large index spills there); "
+        f"SQLite's temporary folder {temporary_folder()} is full, where the sort of a large index spills; "
         "set TMPDIR to a folder with room"
     )
 
