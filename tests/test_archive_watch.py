@@ -191,3 +191,46 @@ def test_a_closed_watch_fails_every_check_without_looking_at_its_descriptor(tmp_
             watch.check()
     finally:
         os.close(reused)
+
+
+@pytest.mark.skipif(shutil.which("tar") is None, reason="needs GNU tar")
+def test_a_member_appended_into_the_last_records_padding_keeps_the_old_members_served(
+    tmp_path: Path, now: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``tar -r`` of a small file fills the padding of the last 10 KiB record: the size stays,
+    the last sampled block changes. Every file of the mount failed with EIO (found in session 25)."""
+    archive = tmp_path / "data.tar"
+    files = {}
+    for blocks in range(20):  # a last member that leaves room in the last record
+        files = {**FILES, "pad.bin": b"p" * 512 * blocks}
+        image = tar_bytes(files)
+        if len(image.rstrip(b"\0")) + 4096 < len(image):
+            break
+    archive.write_bytes(image)
+    (tmp_path / "small.txt").write_bytes(b"appended\n")
+    with ratarmountcore.open(str(archive)) as source:
+        size = archive.stat().st_size
+        subprocess.run(["tar", "-rf", str(archive), "-C", str(tmp_path), "small.txt"], check=True)
+        assert archive.stat().st_size == size  # (into the padding)
+        for name in sorted(files):
+            assert read(source, name) == files[name]
+    warned = [r.getMessage() for r in caplog.records if "appended to since it was mounted" in r.getMessage()]
+    assert len(warned) == 1, warned
+    with ratarmountcore.open(str(archive)) as again:
+        assert read(again, "small.txt") == b"appended\n"
+
+
+def test_an_edit_of_the_last_members_data_at_the_same_size_is_a_change(tmp_path: Path, now: None) -> None:
+    """Not taken for an append: nothing was written where the end-of-archive blocks are."""
+    archive = tmp_path / "data.tar"
+    archive.write_bytes(tar_bytes(FILES))
+    last = sorted(FILES)[-1]
+    with ratarmountcore.open(str(archive)) as source:
+        image = bytearray(archive.read_bytes())
+        start = image.rfind(FILES[last])  # (its bytes are one value repeated: the last place they are)
+        assert start > len(image) - 16 * 1024 - len(FILES[last])
+        image[start + len(FILES[last]) - 4 : start + len(FILES[last])] = b"YYYY"
+        rewrite_in_place(archive, bytes(image))
+        os.utime(archive, ns=(1, 1))
+        with pytest.raises(ArchiveChangedError, match="content differs"):
+            read(source, sorted(FILES)[0])

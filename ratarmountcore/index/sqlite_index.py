@@ -743,6 +743,17 @@ class IndexReader:
         )
         return bool(row and row[0])
 
+    def data_end(self) -> int:
+        """Where the archive's own members end (the data of the last, or its header): what
+        ``tar -r`` leaves as it was. A scan of the table, asked only once the archive changed."""
+        row = self._query(
+            "SELECT MAX(offset_header + 512), MAX(offset_data + CASE WHEN sparse IS NULL THEN size ELSE 0 END) "
+            "FROM files WHERE source = 0 AND offset_header >= 0 AND is_hardlink = 0",
+            (),
+            one=True,
+        )
+        return max((value for value in row or () if value is not None), default=0)
+
     def row(self, row_id: int) -> Optional[Row]:
         return self._query(f"SELECT {ROW_COLUMNS} FROM files WHERE id = ?", (row_id,), one=True)  # type: ignore[no-any-return]
 

@@ -471,7 +471,7 @@ def _open_archive(path: str, options: OpenOptions, failed: Mapping[str, str]) ->
             except BaseException:
                 index.close()
                 raise
-        watch = ArchiveWatch(path, plain.fd, stats)
+        watch = ArchiveWatch(path, plain.fd, stats, index.data_end if reader is plain else None)
         renew = _renewal(plain, fmt, options.compression, watch)
         return ArchiveSource(path, reader, index, owner, options.compression, watch, renew)
     except ArchiveError as exc:

@@ -14,7 +14,10 @@ open (and a read, for the low-level front-end without OPEN messages) first asks 
 - larger (``tar -r``, ``cat more.gz >> a.gz``): the sampled blocks before the old end's last
   ``APPEND_TAIL`` bytes (where tar overwrites its end-of-archive blocks) must be unchanged; the old
   members are still where the index says, the new ones show after mounting again (an archive too
-  small to have such blocks counts as changed);
+  small to have such blocks counts as changed). For an uncompressed tar the bound is where its
+  members end (``data_end``, from the index), and that holds at the same size too: a member
+  appended into the padding of the last 10 KiB record leaves the size as it was (such an append
+  failed every file with EIO; found in session 25);
 - anything else (smaller, or a sampled block differs): changed. That is logged once, and every
   later open or read of the archive's files fails with ``ArchiveChangedError`` (EIO) until it is
   mounted again.
@@ -30,9 +33,10 @@ import logging
 import os
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from ..errors import ArchiveChangedError
+from ..formats import tar_header_checksum_ok
 from ..index.fingerprint import ArchiveStats, samples_unchanged
 
 logger = logging.getLogger(__name__)
@@ -50,8 +54,10 @@ class ArchiveWatch:
     """Tells whether the archive file behind ``fd`` (opened as ``stats`` describe it) still
     holds what it held then."""
 
-    def __init__(self, path: str, fd: int, stats: ArchiveStats) -> None:
+    def __init__(self, path: str, fd: int, stats: ArchiveStats, data_end: Optional[Callable[[], int]] = None) -> None:
+        """``data_end``: where an uncompressed tar's members end (asked once it changed)."""
         self.path = path
+        self._data_end = data_end
         self._fd = fd
         self._stats = stats
         self._size = stats.size
@@ -66,7 +72,7 @@ class ArchiveWatch:
     def renewed(self, fd: int) -> "ArchiveWatch":
         """The same watch over ``fd`` (a duplicate of this one's), with a lock of its own: for a
         forked child. What it knows (the archive changed, or was appended to) it keeps."""
-        watch = ArchiveWatch(self.path, fd, self._stats)
+        watch = ArchiveWatch(self.path, fd, self._stats, self._data_end)
         watch._size, watch._mtime_ns, watch._changed = self._size, self._mtime_ns, self._changed
         watch._ctime_ns = self._ctime_ns
         return watch
@@ -111,20 +117,34 @@ class ArchiveWatch:
         old = self._stats.size
         if st.st_size < old:
             return f"it shrank from {old} to {st.st_size} bytes"
-        end = old if st.st_size == old else old - APPEND_TAIL
         try:
+            if st.st_size == old and samples_unchanged(self._fd, self._stats, old):
+                logger.info("%s: modification or change time changed since it was mounted; same content", self.path)
+                self._size, self._mtime_ns, self._ctime_ns = st.st_size, st.st_mtime_ns, st.st_ctime_ns
+                return None
+            end = old - APPEND_TAIL
+            if self._data_end is not None:
+                end = min(old, -(-self._data_end() // 512) * 512)  # (what tar -r leaves as it was)
+                if st.st_size == old and not tar_header_checksum_ok(os.pread(self._fd, 512, end)):
+                    # (no member appended where the end-of-archive blocks were: an edit)
+                    return "its content differs"
             same = samples_unchanged(self._fd, self._stats, end)
         except OSError as exc:
             return f"cannot read it: {exc.strerror}"
+        except Exception as exc:  # noqa: BLE001 - (the index, asked where the members end)
+            return f"cannot tell where its members end: {exc}"
         if not same:
             grown = f", and it grew from {old} to {st.st_size} bytes" if st.st_size != old else ""
             return f"its content differs{grown}"
-        if st.st_size != self._size:
+        if st.st_size != old:
             logger.warning(
                 "%s: grew from %d to %d bytes since it was mounted (appended to); what was added shows "
                 "once it is mounted again", self.path, old, st.st_size,
             )  # fmt: skip
         else:
-            logger.info("%s: modification or change time changed since it was mounted; content unchanged", self.path)
+            logger.warning(
+                "%s: appended to since it was mounted (after its last member, at the same size); what was "
+                "added shows once it is mounted again", self.path,
+            )  # fmt: skip
         self._size, self._mtime_ns, self._ctime_ns = st.st_size, st.st_mtime_ns, st.st_ctime_ns
         return None
