@@ -1204,6 +1204,26 @@ def test_gzip_padded_with_zero_bytes_is_refused_with_the_way_out(tmp_path: Path)
     with ratarmountcore.open(str(archive), options(gzip_backend="indexed_gzip")) as source:
         for name, data in members_of(tar).items():
             assert source.read(name) == data
+    with ratarmountcore.open(str(archive)) as again:  # later mounts need not name the backend
+        assert again._reader.backend_name == "indexed_gzip"  # type: ignore[attr-defined]
+        for name, data in members_of(tar).items():
+            assert again.read(name) == data
+
+
+def test_an_index_built_with_a_named_gzip_backend_serves_mounts_that_name_none(
+    small_tar: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It was rebuilt with the default backend (and, for a padded .tar.gz, failed again)."""
+    archive = compress(fresh_copy(small_tar, tmp_path), "gz-cli")
+    with ratarmountcore.open(str(archive), options(gzip_backend="indexed_gzip")):
+        pass
+    index = Path(str(archive) + ".index.sqlite")
+    built = index.stat().st_ino, index.stat().st_mtime_ns
+    with caplog.at_level(logging.INFO), ratarmountcore.open(str(archive), options()) as src:
+        assert src._reader.backend_name == "indexed_gzip"  # type: ignore[attr-defined]
+        compare_with_tarfile(src, small_tar)
+    assert (index.stat().st_ino, index.stat().st_mtime_ns) == built
+    assert not [r for r in caplog.records if "rebuilt" in r.getMessage() or "Creating index" in r.getMessage()]
 
 
 def test_a_zero_padded_inner_tar_gz_is_logged_with_the_way_out(

@@ -148,6 +148,30 @@ def _pass_over(archive_path: str, target: str, cause: str) -> None:
     logger.log(level, message, archive_path, target, cause)
 
 
+def stored_backend(archive_path: str, stats: ArchiveStats, options: IndexOptions) -> Optional[str]:
+    """The decompression backend of the index a mount would use (the first valid one), when the
+    user named none: an index built with ``--gzip-backend indexed_gzip`` (a ``.tar.gz`` padded
+    with zeros, which rapidgzip refuses) was rebuilt with the default backend on the next mount
+    without the option, and failed again (found checking the README)."""
+    if options.recreate:
+        return None
+    for path in candidate_paths(archive_path, options):
+        if not os.path.isfile(path):
+            continue
+        try:
+            reader = IndexReader(path)
+        except InvalidIndexError:
+            continue
+        try:
+            reader.validate(stats)
+            return reader.metadata.get("compression_backend")
+        except StaleIndexError:
+            continue
+        finally:
+            reader.close()
+    return None
+
+
 def open_or_build(
     archive_path: str,
     stats: ArchiveStats,

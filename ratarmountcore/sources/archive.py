@@ -19,7 +19,7 @@ from ..errors import (
 )
 from ..formats import FormatId
 from ..index import dirents
-from ..index.builder import open_or_build
+from ..index.builder import open_or_build, stored_backend
 from ..index.dirents import DirentBlock
 from ..index.fingerprint import archive_stats
 from ..index.folder_rows import FolderRows
@@ -371,6 +371,14 @@ def _renewal(
     return renew
 
 
+def _available(backend: Optional[str]) -> Optional[str]:
+    """``backend`` when it is a gzip backend that is installed, else None (the default)."""
+    from ..compression.registry import BACKENDS
+
+    info = BACKENDS.get(backend or "")
+    return backend if info is not None and FormatId.GZIP in info.formats and info.is_available() else None
+
+
 def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSource:
     """Open (and on first use, index) the archive at ``path``. When writing its index fails
     because of the place written to (a full disk, a quota), the index is built at the next
@@ -423,7 +431,10 @@ def _open_archive(path: str, options: OpenOptions, failed: Mapping[str, str]) ->
         if options.recursive:
             build_options["inner_archive_rules"] = INNER_ARCHIVE_RULES
         if fmt in COMPRESSIONS:
-            compressed = open_compressed(path, plain, fmt, options.compression)
+            backend = None
+            if fmt is FormatId.GZIP and options.compression.gzip_backend is None:
+                backend = _available(stored_backend(path, stats, options.index))  # (what it was indexed with)
+            compressed = open_compressed(path, plain, fmt, options.compression, backend)
             reader = compressed
             build_options.update(compressed.index_options())
             head = compressed.head(512)
