@@ -40,7 +40,12 @@ BuildFunction = Callable[[IndexWriter], None]
 
 
 def _try_open(
-    path: str, stats: ArchiveStats, build_options: Dict[str, str], archive: str, unusable: List[Callable[[], None]]
+    path: str,
+    stats: ArchiveStats,
+    build_options: Dict[str, str],
+    archive: str,
+    unusable: List[Callable[[], None]],
+    opened: Optional[IndexReader] = None,
 ) -> Optional[IndexReader]:
     """The index at ``path`` when it is valid for the archive; else None, and what to report
     about it is added to ``unusable`` (reported only when no other location has a valid one: a
@@ -49,7 +54,7 @@ def _try_open(
     # Whose file it is matters only when it cannot be used: a valid index opens with one
     # connection, as before (mount start-up).
     try:
-        reader = IndexReader(path)
+        reader = opened or IndexReader(path)
     except InvalidIndexError as exc:
         check_left(path)  # (SQLite says "unable to open" when it is out of descriptors)
         message = f"Ignoring {path}: {exc}"
@@ -148,11 +153,13 @@ def _pass_over(archive_path: str, target: str, cause: str) -> None:
     logger.log(level, message, archive_path, target, cause)
 
 
-def stored_backend(archive_path: str, stats: ArchiveStats, options: IndexOptions) -> Optional[str]:
-    """The decompression backend of the index a mount would use (the first valid one), when the
-    user named none: an index built with ``--gzip-backend indexed_gzip`` (a ``.tar.gz`` padded
-    with zeros, which rapidgzip refuses) was rebuilt with the default backend on the next mount
-    without the option, and failed again (found checking the README)."""
+def first_valid(archive_path: str, stats: ArchiveStats, options: IndexOptions) -> Optional[Tuple[str, IndexReader]]:
+    """The first index in the candidate locations that belongs to the archive as it is (build
+    options aside), opened: for a mount that names no gzip backend to open the archive with the
+    backend the index was built with (``open_or_build`` takes the reader over as ``found``). An
+    index built with ``--gzip-backend indexed_gzip`` (a ``.tar.gz`` padded with zeros, which
+    rapidgzip refuses) was rebuilt with the default backend on the next mount without the
+    option, and failed again (found checking the README)."""
     if options.recreate:
         return None
     for path in candidate_paths(archive_path, options):
@@ -164,11 +171,10 @@ def stored_backend(archive_path: str, stats: ArchiveStats, options: IndexOptions
             continue
         try:
             reader.validate(stats)
-            return reader.metadata.get("compression_backend")
         except StaleIndexError:
-            continue
-        finally:
             reader.close()
+            continue
+        return path, reader
     return None
 
 
@@ -180,6 +186,7 @@ def open_or_build(
     build: BuildFunction,
     implicit_owner: "tuple[int, int]",
     failed: Mapping[str, str] = {},
+    found: Optional[Tuple[str, IndexReader]] = None,
 ) -> IndexReader:
     """The archive's index: a valid existing one, else one built into the first candidate
     location that takes it. ``failed`` names locations where a build of this archive failed
@@ -187,16 +194,42 @@ def open_or_build(
     where another location is left raises IndexLocationFailedError, for the caller to open the
     archive again (a first pass cannot be run twice on one reader) and pass that location in
     ``failed``: an index beside an archive on a file system that filled up, or whose quota ran
-    out, during the build went nowhere, and the mount failed with a cache folder to spare."""
+    out, during the build went nowhere, and the mount failed with a cache folder to spare.
+    ``found``: ``first_valid``'s answer, taken over (used, or closed)."""
+    try:
+        reader = _open_or_build(archive_path, stats, options, build_options, build, implicit_owner, failed, found)
+    except BaseException:
+        if found is not None:
+            found[1].close()
+        raise
+    if found is not None and reader is not found[1]:
+        found[1].close()
+    return reader
+
+
+def _open_or_build(
+    archive_path: str,
+    stats: ArchiveStats,
+    options: IndexOptions,
+    build_options: Dict[str, str],
+    build: BuildFunction,
+    implicit_owner: "tuple[int, int]",
+    failed: Mapping[str, str],
+    found: Optional[Tuple[str, IndexReader]],
+) -> IndexReader:
     candidates = [path for path in candidate_paths(archive_path, options) if path not in failed]
     if not options.recreate:
         unusable: List[Callable[[], None]] = []
         for path in candidates:
-            if os.path.isfile(path):
+            if found is not None and path == found[0]:
+                reader = _try_open(path, stats, build_options, archive_path, unusable, found[1])
+            elif os.path.isfile(path):
                 reader = _try_open(path, stats, build_options, archive_path, unusable)
-                if reader is not None:
-                    logger.debug("Using index %s%s", path, " (an unusable one comes first)" if unusable else "")
-                    return reader
+            else:
+                continue
+            if reader is not None:
+                logger.debug("Using index %s%s", path, " (an unusable one comes first)" if unusable else "")
+                return reader
         for report in unusable:
             report()
 

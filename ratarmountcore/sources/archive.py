@@ -19,7 +19,7 @@ from ..errors import (
 )
 from ..formats import FormatId
 from ..index import dirents
-from ..index.builder import open_or_build, stored_backend
+from ..index.builder import first_valid, open_or_build
 from ..index.dirents import DirentBlock
 from ..index.fingerprint import archive_stats
 from ..index.folder_rows import FolderRows
@@ -409,6 +409,7 @@ def _open_archive(path: str, options: OpenOptions, failed: Mapping[str, str]) ->
         check_left(path)
         raise RatarmountError(f"{path}: cannot open ({exc.strerror})") from None
     reader: RandomAccessReader = plain
+    found: Optional[Tuple[str, IndexReader]] = None  # (an index opened to learn its backend)
     try:
         file_mode = os.fstat(plain.fd).st_mode
         if stat.S_ISDIR(file_mode):
@@ -433,7 +434,8 @@ def _open_archive(path: str, options: OpenOptions, failed: Mapping[str, str]) ->
         if fmt in COMPRESSIONS:
             backend = None
             if fmt is FormatId.GZIP and options.compression.gzip_backend is None:
-                backend = _available(stored_backend(path, stats, options.index))  # (what it was indexed with)
+                found = first_valid(path, stats, options.index)  # (the backend it was indexed with)
+                backend = _available(found[1].metadata.get("compression_backend")) if found else None
             compressed = open_compressed(path, plain, fmt, options.compression, backend)
             reader = compressed
             build_options.update(compressed.index_options())
@@ -453,8 +455,9 @@ def _open_archive(path: str, options: OpenOptions, failed: Mapping[str, str]) ->
                 build_options["layout"] = "single_file"
                 watch = ArchiveWatch(path, plain.fd, stats)
                 renew = _renewal(plain, fmt, options.compression, watch)
+                taken, found = found, None
                 return open_single_file(
-                    path, compressed, stats, owner, options, build_options, file_mode, watch, renew, failed
+                    path, compressed, stats, owner, options, build_options, file_mode, watch, renew, failed, taken
                 )  # fmt: skip
             build_options["layout"] = "tar"
 
@@ -475,7 +478,8 @@ def _open_archive(path: str, options: OpenOptions, failed: Mapping[str, str]) ->
                     )  # fmt: skip
                 compressed.export_seek_points(writer)
 
-        index = open_or_build(path, stats, options.index, build_options, build, owner, failed)
+        taken, found = found, None  # (open_or_build takes it over, also when it fails)
+        index = open_or_build(path, stats, options.index, build_options, build, owner, failed, taken)
         if reader is not plain:
             try:
                 compressed.import_seek_points(index)
@@ -493,6 +497,9 @@ def _open_archive(path: str, options: OpenOptions, failed: Mapping[str, str]) ->
         reader.close()
         plain.close()
         raise
+    finally:
+        if found is not None:  # (not taken over: the open failed before)
+            found[1].close()
 
 
 def open_archives(paths: List[str], options: Optional[OpenOptions] = None) -> List[MountSource]:

@@ -163,6 +163,7 @@ def open_single_file(
     watch: Optional[ArchiveWatch] = None,
     renew: Optional[RenewReader] = None,
     failed: Mapping[str, str] = {},
+    found: Optional[Tuple[str, IndexReader]] = None,
 ) -> SingleFileSource:
     """Index (first time: decompress once to learn the size and seek points) and open."""
     from .archive import row_to_info
@@ -178,7 +179,7 @@ def open_single_file(
             reader.pread(0, 512)
         writer.add(single_file_record(name, reader.size, archive_mode, stats, owner))
 
-    index = open_or_build(path, stats, options.index, build_options, build, owner, failed)
+    index = open_or_build(path, stats, options.index, build_options, build, owner, failed, found)
     try:
         reader.import_seek_points(index)
         rows = [row for row in index.list(b"/") if row[2]]
