@@ -178,6 +178,31 @@ def first_valid(archive_path: str, stats: ArchiveStats, options: IndexOptions) -
     return None
 
 
+def _existing(
+    candidates: List[str],
+    stats: ArchiveStats,
+    build_options: Dict[str, str],
+    archive_path: str,
+    found: Optional[Tuple[str, IndexReader]],
+) -> Optional[IndexReader]:
+    """The first valid index among ``candidates`` (``found``: one opened already); when there
+    is none, what was wrong with the others is reported."""
+    unusable: List[Callable[[], None]] = []
+    for path in candidates:
+        if found is not None and path == found[0]:
+            reader = _try_open(path, stats, build_options, archive_path, unusable, found[1])
+        elif os.path.isfile(path):
+            reader = _try_open(path, stats, build_options, archive_path, unusable)
+        else:
+            continue
+        if reader is not None:
+            logger.debug("Using index %s%s", path, " (an unusable one comes first)" if unusable else "")
+            return reader
+    for report in unusable:
+        report()
+    return None
+
+
 def open_or_build(
     archive_path: str,
     stats: ArchiveStats,
@@ -196,42 +221,16 @@ def open_or_build(
     ``failed``: an index beside an archive on a file system that filled up, or whose quota ran
     out, during the build went nowhere, and the mount failed with a cache folder to spare.
     ``found``: ``first_valid``'s answer, taken over (used, or closed)."""
-    try:
-        reader = _open_or_build(archive_path, stats, options, build_options, build, implicit_owner, failed, found)
-    except BaseException:
-        if found is not None:
-            found[1].close()
-        raise
-    if found is not None and reader is not found[1]:
-        found[1].close()
-    return reader
-
-
-def _open_or_build(
-    archive_path: str,
-    stats: ArchiveStats,
-    options: IndexOptions,
-    build_options: Dict[str, str],
-    build: BuildFunction,
-    implicit_owner: "tuple[int, int]",
-    failed: Mapping[str, str],
-    found: Optional[Tuple[str, IndexReader]],
-) -> IndexReader:
     candidates = [path for path in candidate_paths(archive_path, options) if path not in failed]
-    if not options.recreate:
-        unusable: List[Callable[[], None]] = []
-        for path in candidates:
-            if found is not None and path == found[0]:
-                reader = _try_open(path, stats, build_options, archive_path, unusable, found[1])
-            elif os.path.isfile(path):
-                reader = _try_open(path, stats, build_options, archive_path, unusable)
-            else:
-                continue
-            if reader is not None:
-                logger.debug("Using index %s%s", path, " (an unusable one comes first)" if unusable else "")
-                return reader
-        for report in unusable:
-            report()
+    used: Optional[IndexReader] = None
+    try:
+        if not options.recreate:
+            used = _existing(candidates, stats, build_options, archive_path, found)
+    finally:
+        if found is not None and found[1] is not used:
+            found[1].close()
+    if used is not None:
+        return used
 
     foreign: List[str] = []
     causes: Dict[str, str] = dict(failed)  # (why a candidate could not be written: said in the error)
