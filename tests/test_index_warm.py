@@ -187,7 +187,10 @@ def test_pages_missing_right_after_a_read_ahead_pause_the_probes(
         query_after_eviction(pool, index)
         wait_until_idle(warmer)
         assert warmer.warm_count == 1
-        query_after_eviction(pool, index)  # gone again at once
+        for _ in range(5):  # gone again at once (a probe may sample only pages still cached)
+            query_after_eviction(pool, index)
+            if warmer._next_probe > time.monotonic() + warm.PAUSE / 2:
+                break
         assert warmer.warm_count == 1 and warmer._next_probe > time.monotonic() + warm.PAUSE / 2
 
 
@@ -254,8 +257,14 @@ def test_read_aheads_at_once_are_bounded(archive: Path, tmp_path: Path, monkeypa
             p.query("SELECT 1 FROM metadata LIMIT 1")
         assert [p._warmer.warm_count for p in pools] == [0, 0]
         warm._RUNNING.release()
-        next_probe(pools[0]._warmer)
-        pools[0].query("SELECT 1 FROM metadata LIMIT 1")
+        # A probe samples six pages: it may hit only pages the eviction left or the queries read
+        # back (a CI run failed so once); then one of the next probes finds the eviction.
+        for _ in range(5):
+            evict(Path(pools[0].path))
+            next_probe(pools[0]._warmer)
+            pools[0].query("SELECT 1 FROM metadata LIMIT 1")
+            if pools[0]._warmer.warm_count:
+                break
         assert pools[0]._warmer.warm_count == 1
         wait_until_idle(pools[0]._warmer)
     finally:
