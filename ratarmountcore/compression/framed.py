@@ -387,6 +387,11 @@ class FramedReader(CompressedReader):
         (the data of large members) are decoded for them now."""
         if self._crc_table is not None:
             return self._crc_table  # read from an index (a conversion of an indexed file)
+        with self._inflight_lock:
+            pending = list(self._ahead.values())
+        # Frames still being decoded ahead collect their checksums when they finish: one that
+        # finished after the table was made was left out of it (found by a flaky test).
+        concurrent.futures.wait(pending)
         with self.data_errors():
             for frame in range(len(table)):
                 if frame in self._collected:
