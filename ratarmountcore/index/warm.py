@@ -25,6 +25,7 @@ Where ``RWF_NOWAIT`` or ``sendfile`` is not supported, the warmer turns itself o
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import mmap
 import os
@@ -92,20 +93,16 @@ def _resident(fd: int, size: int, offsets: List[int]) -> Optional[bool]:
         mapped.close()
 
 
-_MINCORE: List[Optional[Callable[..., int]]] = []
-
-
+@functools.cache
 def _mincore() -> Optional[Callable[..., int]]:
     """libc's mincore, or None where there is none."""
-    if not _MINCORE:
-        try:
-            function = ctypes.CDLL(None, use_errno=True).mincore
-            function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-            function.restype = ctypes.c_int
-            _MINCORE.append(function)
-        except (OSError, AttributeError):
-            _MINCORE.append(None)
-    return _MINCORE[0]
+    try:
+        function = ctypes.CDLL(None, use_errno=True).mincore
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    function.restype = ctypes.c_int
+    return function  # type: ignore[no-any-return]
 
 
 _RUNNING = threading.BoundedSemaphore(MAX_RUNNING)

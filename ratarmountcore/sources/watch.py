@@ -37,7 +37,7 @@ from typing import Callable, Optional
 
 from ..errors import ArchiveChangedError
 from ..formats import tar_header_checksum_ok
-from ..index.fingerprint import ArchiveStats, samples_unchanged
+from ..index.fingerprint import SAMPLE, ArchiveStats, changed_samples
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,8 @@ class ArchiveWatch:
         if st.st_size < old:
             return f"it shrank from {old} to {st.st_size} bytes"
         try:
-            if st.st_size == old and samples_unchanged(self._fd, self._stats, old):
+            changed = changed_samples(self._fd, self._stats)  # (each sampled block read once)
+            if st.st_size == old and not changed:
                 logger.info("%s: modification or change time changed since it was mounted; same content", self.path)
                 self._size, self._mtime_ns, self._ctime_ns = st.st_size, st.st_mtime_ns, st.st_ctime_ns
                 return None
@@ -128,7 +129,9 @@ class ArchiveWatch:
                 if st.st_size == old and not tar_header_checksum_ok(os.pread(self._fd, 512, end)):
                     # (no member appended where the end-of-archive blocks were: an edit)
                     return "its content differs"
-            same = samples_unchanged(self._fd, self._stats, end)
+            # Unchanged before ``end`` (where tar -r may have written), with a block there to tell.
+            before = [offset for offset, _crc in self._stats.samples if offset + SAMPLE <= end]
+            same = bool(before) and all(offset + SAMPLE > end for offset in changed)
         except OSError as exc:
             return f"cannot read it: {exc.strerror}"
         except Exception as exc:  # noqa: BLE001 - (the index, asked where the members end)
