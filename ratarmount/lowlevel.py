@@ -394,7 +394,7 @@ class LowLevelFuse:
 
         def for_prefetcher(req: int) -> bool:
             """Whether a listing is for our prefetcher (made in full), or without one."""
-            return prefetcher is None or request_context(req).contents.pid == prefetcher.thread_id
+            return prefetcher is None or request_context(req).contents.pid in prefetcher.thread_ids
 
         def opendir(req: int, node: int, _fi: Any) -> None:
             pin()

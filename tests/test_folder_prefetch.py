@@ -35,19 +35,22 @@ def test_folders_are_listed_once_in_a_thread_started_on_first_use(
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     prefetcher = FolderPrefetcher(str(tmp_path) + "/")
-    assert prefetcher._thread is None
+    assert not prefetcher._threads
     prefetcher.request("/a", 10)
     prefetcher.request("/a", 10)  # listed already
     prefetcher.request("/b", folder_prefetch.FOLDER_MAX + 1)  # too large
     prefetcher.request("/b", 1)  # nothing to gain
     prefetcher.request("/", 2)
     wait_for(lambda: prefetcher.listings == 2)
-    assert listed == [f"{tmp_path}/a", f"{tmp_path}/"]
+    assert sorted(listed) == [f"{tmp_path}/", f"{tmp_path}/a"]  # (by two threads: in any order)
+    wait_for(lambda: len(prefetcher.thread_ids) == folder_prefetch.THREADS)
     prefetcher.close()
     prefetcher.request("/b", 10)
-    assert prefetcher._thread is not None
-    prefetcher._thread.join(timeout=10)
-    assert not prefetcher._thread.is_alive() and prefetcher.listings == 2
+    assert len(prefetcher._threads) == folder_prefetch.THREADS
+    for thread in prefetcher._threads:  # every thread stops
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+    assert prefetcher.listings == 2
 
 
 def test_failures_only_log(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
