@@ -31,6 +31,7 @@ from ratarmountcore.sources.base import VERSIONS_SUFFIX, FileInfo, MountSource, 
 
 from . import kernel_abi as abi
 from .folder_prefetch import FOLDER_MAX, FolderPrefetcher
+from .folder_readahead import FolderReadAhead
 from .inodes import ROOT_ID, InodeTable, ReplacedNodeError, StaleNodeError, same_file
 from .open_files import OpenFiles
 from .paged_listing import CHUNK as LISTING_CHUNK
@@ -62,6 +63,11 @@ NODE_LISTINGS_MAX = 64
 #: How long the lookup that hands a folder to the prefetcher waits for the listing (see
 #: ``lookup``); a listing of a folder of 4,096 entries takes ~20 ms on a small VM.
 LISTING_WAIT = 0.25
+#: How long the listing of a folder read ahead may wait for the walk to get there (see
+#: ``FolderReadAhead.hold``).
+HOLD = 0.1
+#: Rows kept for the listings of folders about to be listed (a run's, and those read ahead).
+ROWS_READY_MAX = 8
 #: Folders remembered from listings at most (``_listed_folders``), then forgotten all at once.
 LISTED_FOLDERS_MAX = 16384
 #: Inode number in listings of entries that have none (readdir must not report 0).
@@ -135,8 +141,9 @@ class LowLevelOperations:
         self._handed_over = 0
         #: Sizes of the folders whose replies were made (by path), counted up to FOLDER_MAX + 1.
         self._folder_sizes: "collections.OrderedDict[str, int]" = collections.OrderedDict()
-        #: The rows of the folder whose replies were made last (complete), for its listing.
-        self._run_rows: Tuple[int, List[StatRow]] = (0, [])
+        #: The rows of folders read for a run of lookups or a read-ahead (complete), by node
+        #: id, for their listings.
+        self._rows_ready: Dict[int, List[StatRow]] = {}
         # Sources with stable, unique inode numbers name their entries themselves (node id =
         # inode number, nothing to remember); entries without one, and all entries of other
         # sources, get ids from the table.
@@ -195,6 +202,10 @@ class LowLevelOperations:
         #: them, as the prefetcher's do.
         self.listings_in_full = False
         self._negative = abi.entry_out(0, abi.NEGATIVE_ATTR, self._timeout)
+        #: Folders listed ahead of a walk (stable, immutable sources: node id = inode number).
+        self._ahead: Optional[FolderReadAhead] = None
+        if prefetcher is not None and self._stable and source.is_immutable:
+            self._ahead = FolderReadAhead(source.list_name_rows_after)
 
     def _lookup_ino(self, ino: int) -> Optional[Tuple[str, Entry]]:
         found = self.source.by_ino(ino)
@@ -289,13 +300,17 @@ class LowLevelOperations:
     def _answer_lookup(self, parent: int, name: bytes) -> bytes:
         in_run = parent == self._last_parent
         self._last_parent = parent
+        ahead = self._ahead
+        joined = ahead is not None and ahead.pending and self._join_ahead(ahead, parent, name)
+        if joined:
+            in_run = True  # (the walk's: no hint to fetch data, no run to hand over)
         reply, info = self._lookup(parent, name, in_run)
         if reply is self._negative and len(name) > NAME_MAX:
             # (ENOENT said such a name could exist here; a file system says it cannot. A
             # member with a longer name is still found: tar may hold one, f_namemax aside.)
             raise OSError(errno.ENAMETOOLONG, "file name too long")
         if in_run:
-            listed = self._follow_run(parent, name)
+            listed = None if joined else self._follow_run(parent, name)
             if listed is not None:
                 # Answered once the kernel knows the folder: lookups in it racing with the
                 # listing made it drop attributes it had just been given (a GETATTR for each
@@ -373,7 +388,53 @@ class LowLevelOperations:
             size = sizes.get(above) if path != "/" else None
             if size is not None:
                 self.prefetcher.request(above, size)
+            if self._ahead is not None and self.parallel_dirops and self.lookups_may_wait:
+                self._list_ahead(self._ahead.after_run(path))
         return listed
+
+    def _join_ahead(self, ahead: FolderReadAhead, parent: int, name: bytes) -> bool:
+        """A lookup in folder ``parent``: if it was handed to the prefetcher ahead of a walk,
+        wait for its listing (when that may still leave ``name`` out), keep the window ahead
+        of the walk, and say so."""
+        pending = ahead.join(parent, name)
+        if pending is None:
+            return False
+        self._handed_over = parent
+        # (The next folders first: their rows are read while this one is listed, not after.)
+        self._list_ahead(ahead.after_hit(pending.path))
+        if not pending.built:
+            pending.done.wait(LISTING_WAIT)
+        ahead.drop(parent)
+        return True
+
+    def _list_ahead(self, folders: List[Tuple[str, int]]) -> None:
+        """Hand ``folders`` (path, node id) to the prefetcher, each with its rows for the
+        listing; stop at the first too large or not numbered by its own inode numbers."""
+        ahead = self._ahead
+        assert ahead is not None and self.prefetcher is not None
+        for path, node in folders:
+            if self._paged:
+                rows = self.source.list_stat_rows_after(path, None, FOLDER_MAX + 1)
+            else:
+                rows = self.source.list_stat_rows(path)
+            if rows is None or len(rows) > FOLDER_MAX or not all(1 < row[7] < STABLE_LIMIT for row in rows):
+                return
+            pending = ahead.add(node, path)
+            self._keep_rows(node, rows)
+            stale = node if node in self._names_only else 0
+            self._names_only.pop(node, None)  # (listed in full from now on)
+            hold = functools.partial(ahead.hold, pending, HOLD)
+            if not self.prefetcher.request(path, len(rows), pending.done, stale, hold):
+                ahead.drop(node)
+                with self._replies_lock:
+                    self._rows_ready.pop(node, None)
+
+    def _keep_rows(self, node: int, rows: List[StatRow]) -> None:
+        with self._replies_lock:
+            ready = self._rows_ready
+            ready[node] = rows
+            while len(ready) > ROWS_READY_MAX:
+                del ready[next(iter(ready))]
 
     def _lookup_slow(self, parent: int, name: bytes) -> Tuple[bytes, Optional[FileInfo]]:
         base = self._path(parent)
@@ -423,7 +484,9 @@ class LowLevelOperations:
                 if len(self._folder_sizes) > REPLY_FOLDERS_MAX:
                     self._folder_sizes.popitem(last=False)
                 if numbered and len(rows) <= limit:  # complete: the listing the prefetch asks for next
-                    self._run_rows = (parent, rows)
+                    self._rows_ready[parent] = rows
+                    while len(self._rows_ready) > ROWS_READY_MAX:
+                        del self._rows_ready[next(iter(self._rows_ready))]
             self._reply_count -= len(self._replies.pop(parent, ()))  # made twice by two threads
             self._replies[parent] = _NOT_CACHED if replies is None else replies
             self._reply_count += len(replies or ())
@@ -518,13 +581,13 @@ class LowLevelOperations:
 
     def _make_listing(self, node: int, full: bool = True) -> Listing:
         path, own = self._resolve(node)
-        run_folder, run_rows = self._run_rows
+        with self._replies_lock:
+            run_rows = self._rows_ready.pop(node, None) if self._rows_ready else None
         prefix = "/" if path == "/" else path + "/"
         records: Optional[List[Listed]] = None
         chunked = False
         entries: Optional[Iterable[Tuple[str, FileInfo]]] = ()
-        if run_folder == node:  # listed for a run of lookups: its rows were just read
-            self._run_rows = (0, [])
+        if run_rows is not None:  # listed for a run of lookups or ahead of a walk: its rows were just read
             records = self._records_of_rows(run_rows, 2, node, prefix, full)
         elif self._stable and self.source.lists_by_number(own[0]):
             # Every entry named by its own inode number: records straight from plain rows
@@ -656,6 +719,8 @@ class LowLevelOperations:
         """The READDIRPLUS records of ``rows`` of folder ``node`` (path ``prefix`` + name), the
         first at position ``index`` of the listing."""
         waiting = self._waiting.get(node)
+        ahead = self._ahead
+        left_out = ahead.claim(node) if full and ahead is not None and ahead.pending else ()
         folders = self._listed_folders
         if len(folders) > LISTED_FOLDERS_MAX:  # (a large folder's parts: checked for each)
             folders.clear()
@@ -666,7 +731,7 @@ class LowLevelOperations:
         for raw, mode, size, mtime_ns, uid, gid, nlink, ino, rdev in rows:
             offset += 1
             # (node id 0: the kernel links nothing for it)
-            given = 0 if raw == waiting or not (full or stat.S_ISDIR(mode)) else ino
+            given = 0 if raw == waiting or raw in left_out or not (full or stat.S_ISDIR(mode)) else ino
             record = plus_of(given, timeout, offset, raw, ino, mode, size, mtime_ns, uid, gid, nlink, rdev)
             records.append((raw, "", None, record))
             if stat.S_ISDIR(mode):

@@ -883,6 +883,39 @@ def test_a_stat_of_every_file_costs_two_lookups_per_folder(tmp_path: Path) -> No
     assert opcodes.count("READDIRPLUS") >= folders
 
 
+def _requests_of(log: Path, pid: int) -> List[str]:
+    """The opcodes of the requests process ``pid`` sent, from a foreground mount's debug log."""
+    found = []
+    for line in log.read_text(errors="replace").splitlines():
+        if "opcode: " in line and line.endswith(f", pid: {pid}"):
+            found.append(line.split("opcode: ")[1].split(" ")[0])
+    return found
+
+
+@requires_fuse
+def test_a_stat_of_every_file_after_a_find_finds_folders_listed_ahead(tmp_path: Path) -> None:
+    """A ``find`` (its listings name the files without attributes), then a stat of every file
+    it found, in its order: runs of lookups. Once runs came in two folders one after the other,
+    the next folders are listed ahead of the stats: they need fewer than the two lookups per
+    folder of a run, and get the attributes of every file right."""
+    folders, per_folder = 12, 60
+    files = {f"train/n{f:04d}/img_{i:04d}.JPEG": b"y" * (f * 7 + i) for f in range(folders) for i in range(per_folder)}
+    archive = tmp_path / "walk.tar"
+    archive.write_bytes(tar_bytes(files))
+    seen: Dict[str, int] = {}
+
+    def find_then_stat(mnt: Path) -> None:
+        found = [os.path.join(top, name) for top, _dirs, names in os.walk(mnt) for name in sorted(names)]
+        for path in found:
+            seen[os.path.relpath(path, mnt)] = os.stat(path).st_size
+
+    _requests_during(tmp_path, archive, find_then_stat)
+    assert seen == {name: len(data) for name, data in files.items()}
+    ours = _requests_of(tmp_path / "fuse.log", os.getpid())
+    assert ours.count("LOOKUP") < 2 * folders, ours.count("LOOKUP")
+    assert ours.count("GETATTR") <= 2, ours.count("GETATTR")  # no attributes dropped by races
+
+
 @requires_fuse
 @pytest.mark.parametrize("api", ["low", "high"])
 def test_symlink_targets_are_asked_for_once(tmp_path: Path, api: str) -> None:

@@ -622,7 +622,7 @@ class _RecordingPrefetcher:
         self.requests: List[Tuple[str, int]] = []
         self.stale: List[int] = []
 
-    def request(self, path: str, entries: int, done: object = None, stale: int = 0) -> bool:
+    def request(self, path: str, entries: int, done: object = None, stale: int = 0, hold: object = None) -> bool:
         self.requests.append((path, entries))
         self.stale.append(stale)
         return True
@@ -666,10 +666,10 @@ def test_lookup_runs_hand_the_folder_to_the_prefetcher(tmp_path: Path, monkeypat
         a = lookup(ops, ROOT_ID, b"a")[0]
         lookup(ops, a, b"f0")
         lookup(ops, a, b"f1")
-        assert ops._run_rows[0] == a
+        assert list(ops._rows_ready) == [a]
         reference = LowLevelOperations(source)
         assert list_all(ops, a, plus=True, size=4096) == list_all(reference, a, plus=True, size=4096)
-        assert ops._run_rows == (0, [])
+        assert not ops._rows_ready
 
 
 def test_folders_are_counted_without_loading_them_whole(tmp_path: Path) -> None:
@@ -746,7 +746,7 @@ class _ListingPrefetcher:
         self.listed: List[Tuple[bytes, int, int, Dict[str, int]]] = []
         self.waited: List[bool] = []
 
-    def request(self, path: str, entries: int, done: object = None, stale: int = 0) -> bool:
+    def request(self, path: str, entries: int, done: object = None, stale: int = 0, hold: object = None) -> bool:
         if path != "/":
             self.waited.append(done is not None)
             self.listed = list_by_node(self.ops, self.node, plus=True, size=1 << 16)
@@ -816,7 +816,7 @@ def test_a_refused_hand_over_leaves_the_waiting_lookup_alone(tmp_path: Path) -> 
     archive.write_bytes(tar_bytes({f"a/f{i}": b"a" for i in range(6)}))
     with ratarmountcore.open(str(archive)) as source:
         prefetcher = _RecordingPrefetcher()
-        prefetcher.request = lambda path, entries, done=None, stale=0: False  # type: ignore[method-assign]
+        prefetcher.request = lambda path, entries, done=None, stale=0, hold=None: False  # type: ignore[method-assign]
         ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
         ops.init(no_open_supported=True, no_opendir_supported=True)
         ops.parallel_dirops = True
@@ -889,9 +889,9 @@ def test_folders_named_in_a_listing_are_resolved_by_path(tmp_path: Path, from_ru
         ops = LowLevelOperations(source)
         ops.init(no_open_supported=True, no_opendir_supported=True)
         if from_run:
-            ops._run_rows = (ROOT_ID, source.list_stat_rows_after("/", None, 100) or [])
+            ops._rows_ready[ROOT_ID] = source.list_stat_rows_after("/", None, 100) or []
         nodes = {name: node for name, _offset, node, _attrs in list_by_node(ops, ROOT_ID, True, 1 << 16)}
-        assert ops._run_rows[0] == 0  # (used up, when given)
+        assert not ops._rows_ready  # (used up, when given)
         queried: List[int] = []
         by_ino = source.by_ino
 
@@ -979,3 +979,74 @@ def test_archives_on_network_file_systems_get_more_workers(monkeypatch: pytest.M
     assert workers.loop_threads({"max_threads": "3"}, ["/lustre/b.tar"]) == (3, 3)
     monkeypatch.setattr(workers.os, "sched_getaffinity", lambda _pid: set(range(64)))
     assert workers.default_max_threads(["/lustre/b.tar"]) == workers.MAX_THREADS_CAP
+
+
+class _HoldingPrefetcher:
+    """Takes every folder; those of ``held`` wait until the test lists them itself (as the
+    prefetcher's threads would), the others count as listed at once."""
+
+    def __init__(self, held: Tuple[str, ...]) -> None:
+        self.held = held
+        self.requests: Dict[str, Tuple[int, threading.Event, int]] = {}
+
+    def request(
+        self, path: str, entries: int, done: Optional[threading.Event] = None, stale: int = 0, hold: object = None
+    ) -> bool:
+        assert done is not None or not path.startswith(self.held)
+        self.requests[path] = (entries, done or threading.Event(), stale)
+        if done is not None and not path.startswith(self.held):
+            done.set()
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+def test_folders_are_listed_ahead_of_a_walk(tmp_path: Path) -> None:
+    """Runs of lookups in d0, then d1 (a walk): d2-d4 are handed over with their rows before
+    the walk gets there. A lookup in d2 waits for its listing, which leaves that one name
+    without a node id and reuses the rows; the walk in d2 moves the window to d5."""
+    files = {f"d{f}/f{i}": b"x" * (f * 10 + i) for f in range(6) for i in range(4)}
+    archive = tmp_path / "walk.tar"
+    archive.write_bytes(tar_bytes(files))
+    with ratarmountcore.open(str(archive)) as source:
+        prefetcher = _HoldingPrefetcher(held=("/d2", "/d3", "/d4", "/d5"))
+        ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
+        ops.init(no_open_supported=True, no_opendir_supported=True)
+        ops.parallel_dirops = True
+        nodes = [lookup(ops, ROOT_ID, f"d{f}".encode())[0] for f in range(6)]
+        lookup(ops, nodes[0], b"f0")
+        lookup(ops, nodes[0], b"f1")  # a run, but the first: nothing ahead
+        assert not any(path.startswith("/d") and path != "/d0" for path in prefetcher.requests)
+        lookup(ops, nodes[1], b"f0")
+        lookup(ops, nodes[1], b"f1")
+        assert sorted(p for p in prefetcher.requests if p not in ("/", "/d0", "/d1")) == ["/d2", "/d3", "/d4"]
+        assert prefetcher.requests["/d2"][0] == 4 and prefetcher.requests["/d2"][2] == 0
+
+        rows_read: List[str] = []
+        real_rows = source.list_stat_rows_after
+
+        def counted(path: str, after: Optional[bytes], limit: int):  # type: ignore[no-untyped-def]
+            rows_read.append(path)
+            return real_rows(path, after, limit)
+
+        source.list_stat_rows_after = counted  # type: ignore[method-assign]
+        replies: List[Dict[str, int]] = []
+        walker = threading.Thread(target=lambda: replies.append(lookup(ops, nodes[2], b"f3")[1]))
+        walker.start()
+        for _ in range(200):  # until the lookup waits for the listing
+            if ops._ahead is not None and b"f3" in ops._ahead.pending[nodes[2]].names:
+                break
+            time.sleep(0.005)
+        listed = {name: node for name, _offset, node, _attrs in list_by_node(ops, nodes[2], True, 1 << 16)}
+        assert listed[b"f3"] == 0  # the kernel would wait for the lookup to link it
+        assert all(listed[f"f{i}".encode()] > 0 for i in range(3))
+        assert not walker.is_alive() or not replies  # (still waiting, unless the wait ran out)
+        prefetcher.requests["/d2"][1].set()
+        walker.join(10)
+        assert replies and replies[0]["size"] == 23
+        assert rows_read == ["/d5"]  # the listing of d2 reused its rows; d5 read to go ahead
+        assert "/d5" in prefetcher.requests
+        # The next lookup in d2 (the walk went on without waiting) is an ordinary one.
+        assert lookup(ops, nodes[2], b"f0")[1]["size"] == 20
+        assert ops._ahead is not None and nodes[2] not in ops._ahead.pending
