@@ -29,6 +29,8 @@ from ratarmountcore.sources.base import NameRow
 DEPTH = 3
 #: Siblings read at once from the parent folder, to find the next ones.
 SIBLINGS_CHUNK = 256
+#: Folders handed over and not looked up in, kept before the listed ones among them are dropped.
+PENDING_MAX = 32
 #: Folders remembered as read ahead (then forgotten all at once).
 REMEMBERED = 4096
 
@@ -129,6 +131,8 @@ class FolderReadAhead:
     def add(self, node: int, path: str) -> Pending:
         pending = Pending(path)
         with self._lock:
+            if len(self.pending) >= PENDING_MAX:  # (listed before the walk came: none looked up)
+                self.pending = {key: old for key, old in self.pending.items() if not old.done.is_set()}
             self.pending[node] = pending
         return pending
 
