@@ -41,11 +41,14 @@ NamesAfter = Callable[[str, bytes, int], Optional[Sequence[NameRow]]]
 class Pending:
     """A folder handed to the prefetcher ahead of the walk, until a lookup comes there."""
 
-    __slots__ = ("path", "done", "built", "names", "arrived")
+    __slots__ = ("path", "end", "done", "built", "names", "arrived")
 
     def __init__(self, path: str) -> None:
         self.path = path
-        #: Set by the prefetcher once the folder was listed (or failed to be).
+        #: The offset of the listing's last entry, once its rows were read.
+        self.end = 1 << 62
+        #: Set once the kernel linked the folder's listing (see ``linked``), or by the
+        #: prefetcher once it listed the folder or failed to.
         self.done = threading.Event()
         #: Whether the listing's records were made: a lookup may no longer wait.
         self.built = False
@@ -129,6 +132,7 @@ class FolderReadAhead:
         return folders
 
     def add(self, node: int, path: str) -> Pending:
+        """Folder ``node`` at ``path`` is handed to the prefetcher."""
         pending = Pending(path)
         with self._lock:
             if len(self.pending) >= PENDING_MAX:  # (listed before the walk came: none looked up)
@@ -176,6 +180,15 @@ class FolderReadAhead:
         finally:
             with self._lock:
                 self._holding = False
+
+    def linked(self, node: int, offset: int) -> None:
+        """The kernel asks for folder ``node``'s listing from entry ``offset`` on: it linked
+        every entry before it. Once that is all of them, the lookups waiting for the listing
+        are answered at once, not after the page that ends it went back and the prefetcher's
+        thread woke up (a round trip and two thread wake-ups, for every folder of a walk)."""
+        pending = self.pending.get(node)
+        if pending is not None and pending.built and offset >= pending.end:
+            pending.done.set()
 
     def claim(self, node: int) -> FrozenSet[bytes]:
         """The listing of folder ``node`` for the prefetcher is being made: the names it must

@@ -84,3 +84,21 @@ def test_a_lookup_waits_only_until_the_listing_is_made() -> None:
     listed = ahead.add(9, "/top/d09")
     listed.done.set()
     assert ahead.join(9, b"f1") is None and 9 not in ahead.pending
+
+
+def test_the_listing_counts_as_linked_once_the_kernel_asks_past_its_end() -> None:
+    """The kernel asks for the page after the last one only once it linked every entry: the
+    lookups waiting for the listing need not wait for that page's answer."""
+    ahead = FolderReadAhead(Tree().names_after)
+    pending = ahead.add(5, "/top/d05")
+    ahead.linked(5, 3)  # (rows not read yet: the end is not known)
+    assert not pending.done.is_set()
+    pending.end = 2 + 60
+    ahead.linked(5, 62)  # (not made yet: a request of another process, from its cache)
+    assert not pending.done.is_set()
+    ahead.claim(5)
+    ahead.linked(5, 40)  # the first page's entries only
+    assert not pending.done.is_set()
+    ahead.linked(5, 62)
+    assert pending.done.is_set()
+    ahead.linked(6, 62)  # (not handed over: nothing to do)
