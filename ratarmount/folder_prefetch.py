@@ -38,9 +38,8 @@ REMEMBERED = 4096
 #: with two on 2 cores.
 THREADS = 2
 _STOP = None
-#: A folder to list: path, event to set when listed, stale node id, what to call right before
-#: the listing, and what to call first (which may decline it).
-_Item = Tuple[str, Optional[threading.Event], int, Optional[Callable[[], None]], Optional[Callable[[], bool]]]
+#: A folder to list: path, event to set when listed, stale node id, what to call before.
+_Item = Tuple[str, Optional[threading.Event], int, Optional[Callable[[], None]]]
 
 
 class FolderPrefetcher:
@@ -66,14 +65,12 @@ class FolderPrefetcher:
         done: Optional[threading.Event] = None,
         stale: int = 0,
         hold: Optional[Callable[[], None]] = None,
-        prepare: Optional[Callable[[], bool]] = None,
     ) -> bool:
         """A lookup run began in folder ``path`` (of ``entries`` entries): list it unless it is
         too large or was listed already (then False). ``done`` is set once it was listed;
         ``stale``: the folder's node id when the kernel's cached listing of it must be dropped
-        first; ``prepare`` is called first, in the listing thread (the folder is left alone when
-        it returns False), and ``hold`` right before the listing, once the folder's attributes
-        are fetched: it may wait for the lookup the listing is for (``folder_readahead.py``)."""
+        first; ``hold`` is called right before the listing (once the folder's attributes are
+        fetched): it may wait for the lookup the listing is for (``folder_readahead.py``)."""
         if entries > FOLDER_MAX or entries < 2:
             return False
         with self._lock:
@@ -87,7 +84,7 @@ class FolderPrefetcher:
                     thread = threading.Thread(target=self._run, name="ratarmount-folder-prefetch", daemon=True)
                     thread.start()
                     self._threads.append(thread)
-        self._queue.put((path, done, stale, hold, prepare))
+        self._queue.put((path, done, stale, hold))
         return True
 
     def _run(self) -> None:
@@ -97,10 +94,8 @@ class FolderPrefetcher:
             item = self._queue.get()
             if item is _STOP:
                 return
-            path, done, stale, hold, prepare = item
+            path, done, stale, hold = item
             try:
-                if prepare is not None and not prepare():
-                    continue
                 if stale and self.invalidate is not None:
                     self.invalidate(stale)
                 if hold is not None:

@@ -31,7 +31,7 @@ from ratarmountcore.sources.base import VERSIONS_SUFFIX, FileInfo, MountSource, 
 
 from . import kernel_abi as abi
 from .folder_prefetch import FOLDER_MAX, FolderPrefetcher
-from .folder_readahead import FolderReadAhead, Pending
+from .folder_readahead import FolderReadAhead
 from .inodes import ROOT_ID, InodeTable, ReplacedNodeError, StaleNodeError, same_file
 from .open_files import OpenFiles
 from .paged_listing import CHUNK as LISTING_CHUNK
@@ -408,41 +408,29 @@ class LowLevelOperations:
         return True
 
     def _list_ahead(self, folders: List[Tuple[str, int]]) -> None:
-        """Hand ``folders`` (path, node id) to the prefetcher. Their rows are read in its
-        thread (``_prepare_ahead``), not here: this lookup's answer, or the listing that waits
-        for it, would wait for the GIL while they are."""
+        """Hand ``folders`` (path, node id) to the prefetcher, each with its rows for the
+        listing; stop at the first too large or not numbered by its own inode numbers. (Read
+        here, not in the prefetcher's threads: querying the index from three threads at once
+        opened two more connections, 0.7 MiB more resident, for no measurable gain.)"""
         ahead = self._ahead
         assert ahead is not None and self.prefetcher is not None
         for path, node in folders:
-            pending = ahead.add(node, path)
-            stale = node if node in self._names_only else 0
-            prepare = functools.partial(self._prepare_ahead, node, pending, stale)
-            hold = functools.partial(ahead.hold, pending, HOLD)
-            if not self.prefetcher.request(path, 2, pending.done, stale, hold, prepare):
-                ahead.drop(node)
-
-    def _prepare_ahead(self, node: int, pending: Pending, stale: int) -> bool:
-        """Read the rows of folder ``node`` (handed over ahead of a walk) for its listing;
-        False for one too large, or not numbered by its own inode numbers, to be listed."""
-        assert self._ahead is not None
-        path = pending.path
-        try:
             if self._paged:
                 rows = self.source.list_stat_rows_after(path, None, FOLDER_MAX + 1)
             else:
                 rows = self.source.list_stat_rows(path)
-        except (OSError, RatarmountError) as exc:
-            logger.debug("could not read %s to list it ahead: %s", path, exc)
-            rows = None
-        if rows is None or len(rows) > FOLDER_MAX or not all(1 < row[7] < STABLE_LIMIT for row in rows):
-            self._ahead.drop(node)
-            pending.done.set()
-            return False
-        pending.end = len(rows) + 2
-        self._keep_rows(node, rows)
-        if stale:
+            if rows is None or len(rows) > FOLDER_MAX or not all(1 < row[7] < STABLE_LIMIT for row in rows):
+                return
+            pending = ahead.add(node, path)
+            pending.end = len(rows) + 2
+            self._keep_rows(node, rows)
+            stale = node if node in self._names_only else 0
             self._names_only.pop(node, None)  # (listed in full from now on)
-        return True
+            hold = functools.partial(ahead.hold, pending, HOLD)
+            if not self.prefetcher.request(path, len(rows), pending.done, stale, hold):
+                ahead.drop(node)
+                with self._replies_lock:
+                    self._rows_ready.pop(node, None)
 
     def _keep_rows(self, node: int, rows: List[StatRow]) -> None:
         with self._replies_lock:

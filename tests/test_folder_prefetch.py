@@ -104,29 +104,19 @@ def test_a_listing_tells_who_waits_for_it(tmp_path: Path, monkeypatch: pytest.Mo
     prefetcher.close()
 
 
-def test_a_listing_may_be_prepared_and_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``prepare`` runs first and may decline the folder (nothing listed, ``done`` set all the
-    same); ``hold`` runs after the folder's attributes were fetched, right before the listing."""
+def test_a_listing_may_be_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hold`` runs after the folder's attributes were fetched, right before the listing."""
     import threading
 
     calls: List[str] = []
     real_listdir, real_stat = os.listdir, os.stat
     monkeypatch.setattr(folder_prefetch.os, "listdir", lambda path: calls.append("list " + path) or real_listdir(path))
     monkeypatch.setattr(folder_prefetch.os, "stat", lambda path: calls.append("stat " + path) or real_stat(path))
-    (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     prefetcher = FolderPrefetcher(str(tmp_path))
-    declined, listed = threading.Event(), threading.Event()
-
-    def prepare(answer: bool, name: str) -> bool:
-        calls.append("prepare " + name)
-        return answer
-
-    assert prefetcher.request("/a", 2, declined, prepare=lambda: prepare(False, "a"))
-    assert declined.wait(10)
-    hold = lambda: calls.append("hold b")  # noqa: E731
-    assert prefetcher.request("/b", 2, listed, hold=hold, prepare=lambda: prepare(True, "b"))
+    listed = threading.Event()
+    assert prefetcher.request("/b", 2, listed, hold=lambda: calls.append("hold b"))
     assert listed.wait(10)
-    assert calls == ["prepare a", "prepare b", f"stat {tmp_path}/b", "hold b", f"list {tmp_path}/b"]
+    assert calls == [f"stat {tmp_path}/b", "hold b", f"list {tmp_path}/b"]
     assert prefetcher.listings == 1
     prefetcher.close()

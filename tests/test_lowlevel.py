@@ -12,7 +12,7 @@ import tarfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 from conftest import Mounter, tar_bytes
@@ -622,9 +622,7 @@ class _RecordingPrefetcher:
         self.requests: List[Tuple[str, int]] = []
         self.stale: List[int] = []
 
-    def request(
-        self, path: str, entries: int, done: object = None, stale: int = 0, hold: object = None, prepare: object = None
-    ) -> bool:
+    def request(self, path: str, entries: int, done: object = None, stale: int = 0, hold: object = None) -> bool:
         self.requests.append((path, entries))
         self.stale.append(stale)
         return True
@@ -748,9 +746,7 @@ class _ListingPrefetcher:
         self.listed: List[Tuple[bytes, int, int, Dict[str, int]]] = []
         self.waited: List[bool] = []
 
-    def request(
-        self, path: str, entries: int, done: object = None, stale: int = 0, hold: object = None, prepare: object = None
-    ) -> bool:
+    def request(self, path: str, entries: int, done: object = None, stale: int = 0, hold: object = None) -> bool:
         if path != "/":
             self.waited.append(done is not None)
             self.listed = list_by_node(self.ops, self.node, plus=True, size=1 << 16)
@@ -820,7 +816,7 @@ def test_a_refused_hand_over_leaves_the_waiting_lookup_alone(tmp_path: Path) -> 
     archive.write_bytes(tar_bytes({f"a/f{i}": b"a" for i in range(6)}))
     with ratarmountcore.open(str(archive)) as source:
         prefetcher = _RecordingPrefetcher()
-        prefetcher.request = lambda path, entries, done=None, stale=0, hold=None, prepare=None: False  # type: ignore[method-assign]
+        prefetcher.request = lambda path, entries, done=None, stale=0, hold=None: False  # type: ignore[method-assign]
         ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
         ops.init(no_open_supported=True, no_opendir_supported=True)
         ops.parallel_dirops = True
@@ -1000,11 +996,8 @@ class _HoldingPrefetcher:
         done: Optional[threading.Event] = None,
         stale: int = 0,
         hold: object = None,
-        prepare: Optional[Callable[[], bool]] = None,
     ) -> bool:
         assert done is not None or not path.startswith(self.held)
-        if prepare is not None and not prepare():  # (the rows, read in the prefetcher's thread)
-            return True
         self.requests[path] = (entries, done or threading.Event(), stale)
         if done is not None and not path.startswith(self.held):
             done.set()
@@ -1033,7 +1026,7 @@ def test_folders_are_listed_ahead_of_a_walk(tmp_path: Path) -> None:
         lookup(ops, nodes[1], b"f0")
         lookup(ops, nodes[1], b"f1")
         assert sorted(p for p in prefetcher.requests if p not in ("/", "/d0", "/d1")) == ["/d2", "/d3", "/d4"]
-        assert prefetcher.requests["/d2"][2] == 0  # (no listing without attributes to drop)
+        assert prefetcher.requests["/d2"][:3:2] == (4, 0)  # (no listing without attributes to drop)
         assert ops._ahead is not None and ops._ahead.pending[nodes[2]].end == 2 + 4
 
         rows_read: List[str] = []
