@@ -169,6 +169,8 @@ class LowLevelOperations:
         #: Per folder being listed for a run of lookups: the name whose lookup waits for it.
         self._waiting: Dict[int, bytes] = {}
         self._waiting_lock = threading.Lock()
+        #: Lookups waiting for the listing of a folder listed ahead (at most one, see above).
+        self._ahead_waits = 0
         #: Worker threads answering a lookup or a read right now (set operations are atomic).
         self._busy: Set[int] = set()
         self._timeout = TIMEOUT if source.is_immutable else 1
@@ -371,7 +373,7 @@ class LowLevelOperations:
                 # DataLoader's workers), lookups waiting behind each other's listings in the
                 # one prefetcher thread cost more than they saved.
                 with self._waiting_lock:
-                    if not self._waiting:
+                    if not self._waiting and not self._ahead_waits:
                         listed = threading.Event()
                         self._waiting[parent] = name
             stale = parent if parent in self._names_only else 0
@@ -403,7 +405,15 @@ class LowLevelOperations:
         # (The next folders first: their rows are read while this one is listed, not after.)
         self._list_ahead(ahead.after_hit(pending.path))
         if not pending.built:
-            pending.done.wait(LISTING_WAIT)
+            # One waiting lookup at a time, as for runs: with two workers, a second one would
+            # leave none to serve the listings waited for.
+            with self._waiting_lock:
+                wait = not self._waiting and not self._ahead_waits
+                self._ahead_waits += wait
+            if wait:
+                pending.done.wait(LISTING_WAIT)
+                with self._waiting_lock:
+                    self._ahead_waits -= 1
         ahead.drop(parent)
         return True
 

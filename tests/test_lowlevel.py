@@ -1056,3 +1056,37 @@ def test_folders_are_listed_ahead_of_a_walk(tmp_path: Path) -> None:
         # The next lookup in d2 (the walk went on without waiting) is an ordinary one.
         assert lookup(ops, nodes[2], b"f0")[1]["size"] == 20
         assert ops._ahead is not None and nodes[2] not in ops._ahead.pending
+
+
+def test_a_lookup_in_a_folder_listed_ahead_waits_only_when_no_other_lookup_waits(tmp_path: Path) -> None:
+    """Two workers: a second waiting lookup would leave none to serve the listings waited for."""
+    files = {f"d{f}/f{i}": b"x" * (f * 10 + i) for f in range(5) for i in range(4)}
+    archive = tmp_path / "walk.tar"
+    archive.write_bytes(tar_bytes(files))
+    with ratarmountcore.open(str(archive)) as source:
+        prefetcher = _HoldingPrefetcher(held=("/d2", "/d3", "/d4"))
+        ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
+        ops.init(no_open_supported=True, no_opendir_supported=True)
+        ops.parallel_dirops = True
+        nodes = [lookup(ops, ROOT_ID, f"d{f}".encode())[0] for f in range(5)]
+        for f in (0, 1):
+            lookup(ops, nodes[f], b"f0")
+            lookup(ops, nodes[f], b"f1")
+        assert ops._ahead is not None and nodes[2] in ops._ahead.pending
+
+        class Recording(threading.Event):
+            waits = 0
+
+            def wait(self, timeout: Optional[float] = None) -> bool:
+                Recording.waits += 1
+                return super().wait(0)
+
+        ops._ahead.pending[nodes[2]].done = Recording()
+        ops._waiting[nodes[0]] = b"elsewhere"  # another lookup waits for a listing
+        assert lookup(ops, nodes[2], b"f3")[1]["size"] == 23
+        assert Recording.waits == 0 and ops._ahead_waits == 0
+        assert nodes[2] not in ops._ahead.pending  # (answered: the listing may name it again)
+        del ops._waiting[nodes[0]]
+        ops._ahead.pending[nodes[3]].done = Recording()
+        lookup(ops, nodes[3], b"f0")  # nobody else waits: this one does
+        assert Recording.waits == 1 and ops._ahead_waits == 0
