@@ -5,17 +5,20 @@ handles), and one ``ratarmountcore`` source shared by 16 threads. Every byte mus
 from __future__ import annotations
 
 import io
+import json
 import multiprocessing
 import os
 import random
+import subprocess
+import sys
 import tarfile
 import threading
 import traceback
 from pathlib import Path
-from typing import Callable, Iterator, List, Tuple
+from typing import Callable, Dict, Iterator, List, Tuple
 
 import pytest
-from conftest import fuse_available, lazy_unmount, run_ratarmount
+from conftest import Mounter, fuse_available, lazy_unmount, run_ratarmount, tar_bytes
 from tarcompare import FRESH
 
 import ratarmountcore
@@ -261,3 +264,38 @@ def test_api_same_member_many_handles(archive: Path) -> None:
 
         errors = run_threads(THREADS, reader)
         assert not errors, errors[0]
+
+
+def test_fuse_walks_in_several_processes_after_a_find(mounter: Mounter, tmp_path: Path) -> None:
+    """A ``find``, then three processes at once each stat every file of their own part of the
+    tree, folder after folder (``du`` in parallel, several loaders building their file lists):
+    the folders listed ahead of one walk, the lookups waiting for listings and the runs of the
+    others must give every process the attributes of every file, and none may hang."""
+    folders, per_folder = 24, 40
+    files = {f"part{f % 3}/c{f:03d}/i{i:03d}": bytes([f]) * (f + i) for f in range(folders) for i in range(per_folder)}
+    archive = tmp_path / "walks.tar"
+    archive.write_bytes(tar_bytes(files))
+    mnt = mounter.mount(archive)
+    assert sum(len(names) for _top, _dirs, names in os.walk(mnt)) == len(files)
+    script = (
+        "import json, os, sys\n"
+        "root, part = sys.argv[1], sys.argv[2]\n"
+        "paths = sorted(p for p in json.loads(sys.stdin.read()) if p.startswith(part + '/'))\n"
+        "print(json.dumps({p: os.stat(os.path.join(root, p)).st_size for p in paths}))\n"
+    )
+    listing = json.dumps(sorted(files))
+    walkers = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(mnt), f"part{part}"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for part in range(3)
+    ]
+    seen: Dict[str, int] = {}
+    for walker in walkers:
+        out, _ = walker.communicate(listing, timeout=120)  # (a hang fails here)
+        assert walker.returncode == 0
+        seen.update(json.loads(out))
+    assert seen == {name: len(data) for name, data in files.items()}
