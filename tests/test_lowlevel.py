@@ -1090,3 +1090,25 @@ def test_a_lookup_in_a_folder_listed_ahead_waits_only_when_no_other_lookup_waits
         ops._ahead.pending[nodes[3]].done = Recording()
         lookup(ops, nodes[3], b"f0")  # nobody else waits: this one does
         assert Recording.waits == 1 and ops._ahead_waits == 0
+
+
+def test_folders_too_large_are_not_listed_ahead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A walk into folders larger than ``FOLDER_MAX`` lists none of them ahead (the kernel would
+    cache an inode for each of their entries), nor any folder after the first such one."""
+    from ratarmount import lowlevel_ops
+
+    files = {f"d{f}/f{i}": b"x" for f in range(5) for i in range(3 if f != 3 else 6)}
+    archive = tmp_path / "walk.tar"
+    archive.write_bytes(tar_bytes(files))
+    monkeypatch.setattr(lowlevel_ops, "FOLDER_MAX", 4)
+    with ratarmountcore.open(str(archive)) as source:
+        prefetcher = _HoldingPrefetcher(held=("/d2", "/d3", "/d4"))
+        ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
+        ops.init(no_open_supported=True, no_opendir_supported=True)
+        ops.parallel_dirops = True
+        nodes = [lookup(ops, ROOT_ID, f"d{f}".encode())[0] for f in range(5)]
+        for f in (0, 1):
+            lookup(ops, nodes[f], b"f0")
+            lookup(ops, nodes[f], b"f1")
+        assert sorted(p for p in prefetcher.requests if p.startswith("/d") and p > "/d1") == ["/d2"]
+        assert ops._ahead is not None and set(ops._ahead.pending) == {nodes[2]}
