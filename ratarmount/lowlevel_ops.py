@@ -261,6 +261,13 @@ class LowLevelOperations:
         lookup of a name in it finds out whether it is still there)."""
         if node >= self.nodes.first or node == ROOT_ID:
             return self.nodes.path(node)
+        if self._uniform:
+            # A folder the kernel got from a listing, on a tree that cannot change: its path
+            # needs no query for its entry (a random open in a folder listed by ``find`` or the
+            # prefetcher: one index query instead of two).
+            listed = self._listed_folders.get(node)
+            if listed is not None:
+                return listed
         return self._resolve(node)[0]
 
     def _lookup_entry(self, path: str) -> Optional[Entry]:

@@ -902,7 +902,9 @@ def test_folders_named_in_a_listing_are_resolved_by_path(tmp_path: Path, from_ru
         source.by_ino = counting  # type: ignore[method-assign]
         listed = list_by_node(ops, nodes[b"d3"], True, 1 << 16)
         assert [name for name, *_ in listed] == [b".", b"..", b"f"]
+        looked_up = recorded_lookups(source)
         node = lookup(ops, nodes[b"d4"], b"f")[0]
+        assert looked_up == ["/d4/f"]  # (the folder's path from the listing: no query for it)
         assert ops.read(node, 0, 0, memoryview(bytearray(8))) == 1
         assert queried == []
         ops._listed_folders[nodes[b"d2"]] = "/d1"  # (as if the tree had changed: it cannot)
