@@ -12,8 +12,9 @@ one of them keeps the window ``DEPTH`` folders ahead of it.
 A lookup in a folder whose listing is queued, or not yet made, waits for it; its name is then
 listed without a node id (the kernel holds it as being looked up, and would wait for our
 answer to link it). A lookup that comes once the listing's records were made must not wait:
-the kernel may be about to link that name. Nothing here reads the source: the caller reads
-each folder's rows (they make the listing) and asks the prefetcher.
+the kernel may be about to link that name. This module only decides: it reads the names of a
+parent's entries to find the next folders, and the caller reads each folder's rows (they make
+the listing) and asks the prefetcher.
 """
 
 from __future__ import annotations

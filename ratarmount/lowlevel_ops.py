@@ -310,7 +310,7 @@ class LowLevelOperations:
         in_run = parent == self._last_parent
         self._last_parent = parent
         ahead = self._ahead
-        joined = ahead is not None and ahead.pending and self._join_ahead(ahead, parent, name)
+        joined = ahead is not None and bool(ahead.pending) and self._join_ahead(ahead, parent, name)
         if joined:
             in_run = True  # (the walk's: no hint to fetch data, no run to hand over)
         reply, info = self._lookup(parent, name, in_run)
@@ -451,10 +451,14 @@ class LowLevelOperations:
 
     def _keep_rows(self, node: int, rows: List[StatRow]) -> None:
         with self._replies_lock:
-            ready = self._rows_ready
-            ready[node] = rows
-            while len(ready) > ROWS_READY_MAX:
-                del ready[next(iter(ready))]
+            self._store_rows(node, rows)
+
+    def _store_rows(self, node: int, rows: List[StatRow]) -> None:
+        """Keep folder ``node``'s rows for its next listing (``_replies_lock`` held)."""
+        ready = self._rows_ready
+        ready[node] = rows
+        while len(ready) > ROWS_READY_MAX:
+            del ready[next(iter(ready))]
 
     def _lookup_slow(self, parent: int, name: bytes) -> Tuple[bytes, Optional[FileInfo]]:
         base = self._path(parent)
@@ -504,9 +508,7 @@ class LowLevelOperations:
                 if len(self._folder_sizes) > REPLY_FOLDERS_MAX:
                     self._folder_sizes.popitem(last=False)
                 if numbered and len(rows) <= limit:  # complete: the listing the prefetch asks for next
-                    self._rows_ready[parent] = rows
-                    while len(self._rows_ready) > ROWS_READY_MAX:
-                        del self._rows_ready[next(iter(self._rows_ready))]
+                    self._store_rows(parent, rows)
             self._reply_count -= len(self._replies.pop(parent, ()))  # made twice by two threads
             self._replies[parent] = _NOT_CACHED if replies is None else replies
             self._reply_count += len(replies or ())

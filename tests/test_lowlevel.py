@@ -1060,20 +1060,29 @@ def test_folders_are_listed_ahead_of_a_walk(tmp_path: Path) -> None:
         assert ops._ahead is not None and nodes[2] not in ops._ahead.pending
 
 
+def _walked_into_d1(
+    source: ratarmountcore.MountSource, folders: int
+) -> Tuple[LowLevelOperations, _HoldingPrefetcher, List[int]]:
+    """A front-end whose prefetcher holds d2-d4, after runs of lookups in d0, then d1 (a walk),
+    and the node ids of d0 ... d(``folders`` - 1)."""
+    prefetcher = _HoldingPrefetcher(held=("/d2", "/d3", "/d4"))
+    ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
+    ops.init(no_open_supported=True, no_opendir_supported=True)
+    ops.parallel_dirops = True
+    nodes = [lookup(ops, ROOT_ID, f"d{f}".encode())[0] for f in range(folders)]
+    for f in (0, 1):
+        lookup(ops, nodes[f], b"f0")
+        lookup(ops, nodes[f], b"f1")
+    return ops, prefetcher, nodes
+
+
 def test_a_lookup_in_a_folder_listed_ahead_waits_only_when_no_other_lookup_waits(tmp_path: Path) -> None:
     """Two workers: a second waiting lookup would leave none to serve the listings waited for."""
     files = {f"d{f}/f{i}": b"x" * (f * 10 + i) for f in range(5) for i in range(4)}
     archive = tmp_path / "walk.tar"
     archive.write_bytes(tar_bytes(files))
     with ratarmountcore.open(str(archive)) as source:
-        prefetcher = _HoldingPrefetcher(held=("/d2", "/d3", "/d4"))
-        ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
-        ops.init(no_open_supported=True, no_opendir_supported=True)
-        ops.parallel_dirops = True
-        nodes = [lookup(ops, ROOT_ID, f"d{f}".encode())[0] for f in range(5)]
-        for f in (0, 1):
-            lookup(ops, nodes[f], b"f0")
-            lookup(ops, nodes[f], b"f1")
+        ops, prefetcher, nodes = _walked_into_d1(source, 5)
         assert ops._ahead is not None and nodes[2] in ops._ahead.pending
 
         class Recording(threading.Event):
@@ -1104,13 +1113,6 @@ def test_folders_too_large_are_not_listed_ahead(tmp_path: Path, monkeypatch: pyt
     archive.write_bytes(tar_bytes(files))
     monkeypatch.setattr(lowlevel_ops, "FOLDER_MAX", 4)
     with ratarmountcore.open(str(archive)) as source:
-        prefetcher = _HoldingPrefetcher(held=("/d2", "/d3", "/d4"))
-        ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
-        ops.init(no_open_supported=True, no_opendir_supported=True)
-        ops.parallel_dirops = True
-        nodes = [lookup(ops, ROOT_ID, f"d{f}".encode())[0] for f in range(5)]
-        for f in (0, 1):
-            lookup(ops, nodes[f], b"f0")
-            lookup(ops, nodes[f], b"f1")
+        ops, prefetcher, nodes = _walked_into_d1(source, 5)
         assert sorted(p for p in prefetcher.requests if p.startswith("/d") and p > "/d1") == ["/d2"]
         assert ops._ahead is not None and set(ops._ahead.pending) == {nodes[2]}
