@@ -327,6 +327,7 @@ class LowLevelFuse:
                 reply(req, ops.lookup(parent, name))
             except BaseException as exc:  # noqa: BLE001
                 fail(req, exc, f"lookup of {name!r}")
+            ops.after_reply()
 
         def forget(req: int, node: int, count: int) -> None:
             pin()

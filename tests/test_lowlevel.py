@@ -122,7 +122,9 @@ def recorded_lookups(source: ratarmountcore.MountSource) -> List[str]:
 
 
 def lookup(ops: LowLevelOperations, parent: int, name: bytes) -> Tuple[int, Dict[str, int]]:
+    """A LOOKUP as the front-end answers it: the reply, then what is left for after it."""
     node, timeout, attrs = parse_entry(ops.lookup(parent, name))
+    ops.after_reply()
     assert timeout == TIMEOUT
     return node, attrs
 
@@ -211,6 +213,13 @@ class _RecordingLib:
     def fuse_reply_none(self, _req: int) -> None:
         self.replies.append("none")
 
+    def fuse_reply_buf(self, _req: int, payload: bytes, size: int) -> None:
+        assert len(payload) == size
+        self.replies.append("buf")
+
+    def fuse_reply_err(self, _req: int, code: int) -> None:
+        self.replies.append(f"err {errno.errorcode[code]}")
+
     def fuse_req_ctx(self, _req: int) -> None:
         raise AssertionError("not asked for by these callbacks")
 
@@ -234,6 +243,42 @@ def test_forget_multi_glue_hands_the_pairs_over(ops: LowLevelOperations) -> None
     with pytest.raises(OSError):
         ops.getattr(versions)
     assert glue.lib.replies == ["none", "none"]
+
+
+def test_lookup_glue_replies_before_the_hint_to_read_ahead(tmp_path: Path) -> None:
+    """The LOOKUP callback writes the reply first, then tells the source which file a random
+    open will read: the kernel goes on with the open while the hint's fadvise runs. A hint that
+    fails is only logged, and a failed lookup leaves none behind."""
+    lowlevel = pytest.importorskip("ratarmount.lowlevel")
+    archive = tmp_path / "hints.tar"
+    archive.write_bytes(tar_bytes({"a/f0": b"0", "c/h": b"h"}))
+    with ratarmountcore.open(str(archive)) as source:
+        ops = LowLevelOperations(source)
+        ops.init(no_open_supported=True)
+        recording = _RecordingLib()
+
+        def will_read(info: "ratarmountcore.FileInfo") -> None:
+            recording.replies.append(f"hint {info.size}")
+
+        source.will_read = will_read  # type: ignore[method-assign]
+        glue = lowlevel.LowLevelFuse.__new__(lowlevel.LowLevelFuse)
+        glue.lib, glue.ops, glue._pinned, glue._callbacks = recording, ops, set(), []
+        glue._local = None
+        callback = lowlevel.LOOKUP(glue._build_table().lookup)
+        a = lookup(ops, ROOT_ID, b"a")[0]
+        callback(None, a, b"f0")  # a random open: folder, then file
+        assert recording.replies == ["buf", "hint 1"]
+
+        def failing(info: "ratarmountcore.FileInfo") -> None:
+            raise OSError(errno.EBADF, "closed")
+
+        source.will_read = failing  # type: ignore[method-assign]
+        c = lookup(ops, ROOT_ID, b"c")[0]
+        callback(None, c, b"h")  # (logged, not raised into C)
+        assert recording.replies == ["buf", "hint 1", "buf"]
+        source.will_read = will_read  # type: ignore[method-assign]
+        callback(None, a, b"x" * 300)  # a random open that fails
+        assert recording.replies == ["buf", "hint 1", "buf", "err ENAMETOOLONG"]
 
 
 def test_union_entries_are_named_by_their_union_inode_numbers(tmp_path: Path) -> None:
@@ -711,6 +756,15 @@ def test_random_opens_tell_the_source_what_will_be_read(tmp_path: Path, union: b
         lookup(ops, a, b"missing")
         expected = [archive_source.lookup(p).locator for p in ("/a/f0", "/c/h", "/a/f1")]
         assert hinted == [(locator.offset, 1) for locator in expected]
+
+        # The hint waits for the reply: ``lookup`` only makes it, ``after_reply`` gives it, once.
+        hinted.clear()
+        parse_entry(ops.lookup(c, b"h"))
+        assert hinted == []
+        ops.after_reply()
+        ops.after_reply()
+        assert hinted == [(archive_source.lookup("/c/h").locator.offset, 1)]
+        hinted.clear()
 
         # While another worker answers a read (several readers at once), a random open is not
         # hinted: the disk has work in flight anyway. Alone again, it is.
