@@ -53,11 +53,7 @@ class OpenFiles:
 
     def read_unopened(self, info: FileInfo, offset: int, view: memoryview) -> int:
         """A read of a file the kernel opened without telling us (zero-message opens)."""
-        member = self.source.open_info(info)
-        try:
-            return member.preadinto(offset, view)
-        finally:
-            member.close()
+        return self.source.read_into(info, offset, view)
 
     def release(self, handle: int) -> None:
         node = self._nodes.pop(handle, 0)

@@ -158,6 +158,16 @@ class MountSource(ABC):
     def open_info(self, info: FileInfo) -> MemberFile:
         """A seekable binary file for a regular file's ``info``."""
 
+    def read_into(self, info: FileInfo, offset: int, view: memoryview) -> int:
+        """Read regular file ``info`` from ``offset`` into ``view``; the bytes read (fewer only
+        at its end). One read of a file nobody keeps open (FUSE reads of files the kernel opened
+        without a message): sources may answer it without making a file object."""
+        member = self.open_info(info)
+        try:
+            return member.preadinto(offset, view)
+        finally:
+            member.close()
+
     def close(self) -> None:  # noqa: B027 - a default, not a primitive
         """Release files and connections."""
 

@@ -670,6 +670,12 @@ class UnionSource(MountSource):
             raise FileNotFoundError(2, "not a file of this union")
         return self.sources[locator.source].open_info(locator.info)
 
+    def read_into(self, info: FileInfo, offset: int, view: memoryview) -> int:
+        locator = info.locator
+        if not isinstance(locator, UnionLocator):
+            raise FileNotFoundError(2, "not a file of this union")
+        return self.sources[locator.source].read_into(locator.info, offset, view)
+
     def will_read(self, info: FileInfo) -> None:
         locator = info.locator
         if isinstance(locator, UnionLocator):
