@@ -9,8 +9,9 @@ itself, from threads of its own through the mount point: the kernel then holds e
 with its attributes, and the rest of the run is answered from its caches without a round trip.
 
 Only folders of up to ``FOLDER_MAX`` entries are listed (a lookup run in a flat folder of a
-million files must not make the kernel cache a million inodes), each at most once while it is
-remembered (the kernel keeps what it learned for a day on an immutable mount). Listing goes
+million files must not make the kernel cache a million inodes), each once while it is
+remembered (the kernel keeps what it learned for a day on an immutable mount), unless the
+caller says that the kernel's copy of the listing is stale (``stale``). Listing goes
 through the kernel like any other process's, so it is answered by the FUSE worker threads;
 failures (the mount point hidden or gone, a folder we may not read) only mean the lookups
 continue as before.
@@ -86,6 +87,11 @@ class FolderPrefetcher:
                     self._threads.append(thread)
         self._queue.put((path, done, stale, hold))
         return True
+
+    def has_listed(self, path: str) -> bool:
+        """Whether folder ``path`` was handed over to be listed (and is still remembered)."""
+        with self._lock:
+            return path in self._listed
 
     def _run(self) -> None:
         with self._lock:

@@ -883,6 +883,45 @@ def test_a_stat_of_every_file_costs_two_lookups_per_folder(tmp_path: Path) -> No
     assert opcodes.count("READDIRPLUS") >= folders
 
 
+def _drop_dentries() -> bool:
+    """``echo 2 > /proc/sys/vm/drop_caches`` (the kernel forgets unused names and inodes, as
+    under memory pressure); False when not permitted."""
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("2\n")
+        return True
+    except OSError:
+        return False
+
+
+@requires_fuse
+def test_a_second_pass_after_the_kernel_forgot_the_names_is_answered_by_the_kernel(tmp_path: Path) -> None:
+    """Every file read folder after folder, twice, with the kernel's dentries dropped in
+    between: the second pass's runs of lookups list each folder again (the prefetcher listed it
+    in the first pass), so it costs a few lookups per folder, not one per file; every byte is
+    right."""
+    if not os.access("/proc/sys/vm/drop_caches", os.W_OK):
+        pytest.skip("dropping the kernel's caches needs root")
+    folders, per_folder = 6, 60
+    files = {
+        f"class{f:02d}/img_{i:04d}.JPEG": bytes([65 + f]) * (1 + i) for f in range(folders) for i in range(per_folder)
+    }
+    archive = tmp_path / "passes.tar"
+    archive.write_bytes(tar_bytes(files))
+
+    def two_passes(mnt: Path) -> None:
+        for _ in range(2):
+            for name, data in files.items():
+                assert (mnt / name).read_bytes() == data
+            assert _drop_dentries()
+
+    opcodes = _requests_during(tmp_path, archive, two_passes)
+    # Both passes: ~3 lookups per folder (and the folders themselves); one per file in the
+    # second pass was 360 more.
+    assert opcodes.count("LOOKUP") <= 2 * (3 * folders + 4), opcodes.count("LOOKUP")
+    assert opcodes.count("READDIRPLUS") >= 2 * folders
+
+
 def _requests_of(log: Path, pid: int) -> List[str]:
     """The opcodes of the requests process ``pid`` sent, from a foreground mount's debug log."""
     found = []

@@ -73,6 +73,7 @@ def test_remembered_folders_are_bounded(tmp_path: Path, monkeypatch: pytest.Monk
         prefetcher.request("/" + name, 5)
     wait_for(lambda: prefetcher.listings == 5)
     assert list(prefetcher._listed) == ["/c", "/d", "/e"]
+    assert [prefetcher.has_listed("/" + name) for name in "abcde"] == [False, False, True, True, True]
     prefetcher.request("/a", 5)  # forgotten: listed again
     wait_for(lambda: prefetcher.listings == 6)
     prefetcher.close()

@@ -12,7 +12,7 @@ import tarfile
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import pytest
 from conftest import Mounter, tar_bytes
@@ -672,6 +672,9 @@ class _RecordingPrefetcher:
         self.stale.append(stale)
         return True
 
+    def has_listed(self, path: str) -> bool:
+        return any(requested == path for requested, _entries in self.requests)
+
     def close(self) -> None:
         self.requests.append(("closed", 0))
 
@@ -715,6 +718,45 @@ def test_lookup_runs_hand_the_folder_to_the_prefetcher(tmp_path: Path, monkeypat
         reference = LowLevelOperations(source)
         assert list_all(ops, a, plus=True, size=4096) == list_all(reference, a, plus=True, size=4096)
         assert not ops._rows_ready
+
+
+def test_a_run_in_a_folder_listed_before_lists_it_again(tmp_path: Path) -> None:
+    """Lookups that come in a run in a folder the prefetcher listed already mean that the
+    kernel dropped what the listing linked (memory pressure, drop_caches): a second pass over
+    the tree hands the folder over again, as stale (its cached listing dropped first), once per
+    run. Runs of lookups of names that do not exist (which no listing links) never ask for it
+    again."""
+    archive = tmp_path / "again.tar"
+    archive.write_bytes(tar_bytes({f"{d}/f{i}": d.encode() for d in "ab" for i in range(6)}))
+    with ratarmountcore.open(str(archive)) as source:
+        prefetcher = _RecordingPrefetcher()
+        ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
+        ops.init(no_open_supported=True)
+        a = lookup(ops, ROOT_ID, b"a")[0]
+        b = lookup(ops, ROOT_ID, b"b")[0]
+
+        def handed_over() -> List[Tuple[str, int]]:
+            """The requests for the folders: (path, stale node id)."""
+            pairs = zip(prefetcher.requests, prefetcher.stale)
+            return [(path, stale) for (path, _entries), stale in pairs if path != "/"]
+
+        def run(folder: int, names: Sequence[bytes]) -> None:
+            lookup(ops, ROOT_ID, b"a" if folder == a else b"b")
+            for name in names:
+                lookup(ops, folder, name)
+
+        run(a, [b"f0", b"f1", b"f2"])  # the first pass: each folder listed, nothing stale
+        run(b, [b"f0", b"f1", b"f2"])
+        assert handed_over() == [("/a", 0), ("/b", 0)]
+        run(a, [b"f3", b"f4", b"f5"])  # the kernel forgot them: listed again, once a run
+        run(b, [b"f3", b"f4", b"f5"])
+        assert handed_over() == [("/a", 0), ("/b", 0), ("/a", a), ("/b", b)]
+        for folder in (a, b):  # misses in a listed folder: not again
+            lookup(ops, ROOT_ID, b"a" if folder == a else b"b")
+            for name in (b"x1", b"x2", b"x3"):
+                assert lookup(ops, folder, name)[0] == 0  # (a negative entry)
+        # (as before: handed over not stale, which the prefetcher drops for a folder it listed)
+        assert handed_over()[4:] == [("/a", 0), ("/b", 0)]
 
 
 def test_folders_are_counted_without_loading_them_whole(tmp_path: Path) -> None:
@@ -807,6 +849,9 @@ class _ListingPrefetcher:
             if done is not None:
                 done.set()  # type: ignore[attr-defined]
         return True
+
+    def has_listed(self, path: str) -> bool:
+        return False
 
     def close(self) -> None:
         pass
@@ -1058,6 +1103,9 @@ class _HoldingPrefetcher:
         if done is not None and not path.startswith(self.held):
             done.set()
         return True
+
+    def has_listed(self, path: str) -> bool:
+        return path in self.requests
 
     def close(self) -> None:
         pass
