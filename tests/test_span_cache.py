@@ -24,13 +24,19 @@ DATA = bytes(random.Random(7).getrandbits(8) for _ in range(10_000))
 
 
 class CountingDecoder:
-    def __init__(self, data: bytes, delay: float = 0.0) -> None:
+    """Decodes whole spans, or with ``partial`` only up to what the read needs."""
+
+    def __init__(self, data: bytes, delay: float = 0.0, partial: bool = False) -> None:
         self.data = data
         self.delay = delay
+        self.partial = partial
         self.calls: List[Tuple[int, int]] = []
         self.lock = threading.Lock()
 
-    def __call__(self, start: int, end: int) -> bytes:
+    def __call__(self, start: int, end: int, need: int) -> bytes:
+        assert start < need <= end
+        if self.partial:
+            end = need
         with self.lock:
             self.calls.append((start, end))
         time.sleep(self.delay)
@@ -53,6 +59,33 @@ def test_reads_within_and_across_spans_decode_each_span_once() -> None:
     assert len(decode.calls) == len(starts)
     assert cache.hits > 0 and cache.misses == len(starts)
     assert cache.read(len(DATA), 10, decode) == b""
+
+
+def test_parts_of_spans_are_decoded_further_when_a_read_needs_more() -> None:
+    """A decoder that stops where the read ends: the part is cached, a read within it is a hit,
+    one further into the span decodes it again (further), a whole span offered replaces a part,
+    and a span that ends before the read (the end of the data) is not decoded again."""
+    decode = CountingDecoder(DATA, partial=True)
+    cache = SpanCache([0, 5000], len(DATA), capacity=len(DATA))
+    assert cache.read(100, 50, decode) == DATA[100:150]
+    assert decode.calls == [(0, 150)] and cache.cached_bytes == 150
+    view = memoryview(bytearray(40))
+    assert cache.readinto(20, view, decode) == 40 and bytes(view) == DATA[20:60]
+    assert decode.calls == [(0, 150)] and cache.hits == 1
+    assert cache.read(4000, 1500, decode) == DATA[4000:5500]  # across into the second span
+    assert decode.calls == [(0, 150), (0, 5000), (5000, 5500)]
+    assert cache.cached_bytes == 5500  # (the longer part replaced the shorter)
+    assert cache.read(4999, 1, decode) == DATA[4999:5000] and len(decode.calls) == 3
+    assert cache.wanted(5000) and not cache.wanted(0)  # (a part: the background decoding may offer it)
+    assert cache.offer(5000, DATA[5000:]) and not cache.wanted(5000)
+    assert cache.read(9000, 1000, decode) == DATA[9000:] and len(decode.calls) == 3
+    assert cache.cached_bytes == len(DATA)
+
+    short = SpanCache([0], 10_000, capacity=20_000)  # the data ends at 7,000, the index says 10,000
+    ends_early = CountingDecoder(DATA[:7000], partial=True)
+    assert short.read(6000, 2000, ends_early) == DATA[6000:7000]
+    assert short.read(6500, 3000, ends_early) == DATA[6500:7000]
+    assert ends_early.calls == [(0, 8000)]  # (short: all there is, never decoded again)
 
 
 def test_capacity_bounds_the_cached_bytes() -> None:
@@ -82,7 +115,7 @@ def test_concurrent_misses_of_one_span_decode_it_once() -> None:
 def test_failed_decodes_are_not_cached() -> None:
     attempts = []
 
-    def flaky(start: int, end: int) -> bytes:
+    def flaky(start: int, end: int, _need: int) -> bytes:
         attempts.append(start)
         if len(attempts) == 1:
             raise OSError("corrupt block")

@@ -38,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 #: Reads at least this large bypass the span cache and decode straight into the caller's buffer.
 DIRECT_READ_MIN = 128 * 1024
+#: Span-cache misses decode only the part of their span that the read needs (where the
+#: backend can) in streams at least this many times the cache (see ``_decode_span``).
+PARTS_MIN_FACTOR = 2
 #: The readers open in the process (a stream is decoded whole only by the only one).
 _OPEN: "weakref.WeakSet[PooledReader]" = weakref.WeakSet()
 
@@ -285,10 +288,25 @@ class PooledReader(CompressedReader):
                 self._ensure_finished(slot)
         return done
 
-    def _decode_span(self, start: int, end: int) -> bytes:
+    def _decode_span(self, start: int, end: int, need: int) -> bytes:
+        """The span ``[start, end)`` between two seek points, or its start up to ``need`` at least
+        (see ``spans.py``): only that part when the stream is at least ``PARTS_MIN_FACTOR``
+        times the cache (its spans are rarely read twice before they are evicted; in a stream
+        the cache holds, reading the members in random order decoded twice the data that
+        whole spans did)."""
         if self._warm is None:
             self._start_warm()
+        spans = self._spans
+        if need < end and spans is not None and spans.size >= PARTS_MIN_FACTOR * spans.capacity:
+            part = self._decode_span_start(start, need)
+            if part is not None:
+                return part
         return self._pread_direct(start, end - start, self._span_pool)
+
+    def _decode_span_start(self, start: int, need: int) -> Optional[bytes]:
+        """The bytes ``[start, need)`` from the seek point at ``start``, decoded no further
+        (None: the backend cannot, the whole span is decoded instead)."""
+        return None
 
     # A stream whose decoded bytes all fit in the span cache (a .tar.gz of a few hundred MB of
     # small files does not; one of 30 MB does) is decoded whole, in order, in the background from

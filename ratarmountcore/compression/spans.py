@@ -14,6 +14,10 @@ much decoded data in all (not 200 times it).
 Concurrent misses on the same span decode it once: the first thread decodes, the others wait
 for its result (or its failure, after which they try themselves). Decode errors are never
 cached, so corrupt data keeps failing the reads that touch it.
+
+A miss may decode only the start of its span, up to the end of the read (``decode(start, stop,
+need)`` returns at least ``need - start`` bytes, at most the span; see ``deflate_resume.py``):
+that part is cached, and a later read further into the span decodes it again, further.
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ import weakref
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ..io import forks
+
+#: ``decode(start, stop, need)``: the span's bytes from ``start``, at least up to ``need`` (fewer
+#: only at the end of the data), at most up to ``stop``.
+Decode = Callable[[int, int, int], bytes]
 
 
 class _ProcessBudget:
@@ -97,6 +105,8 @@ class SpanCache:
         self._all_cacheable = max(e - s for s, e in zip(self._starts, self._ends)) <= self.max_span
         self._lock = threading.Lock()
         self._spans: "collections.OrderedDict[int, bytes]" = collections.OrderedDict()
+        #: The spans cached whole (the others hold the part up to the end of the read that decoded them).
+        self._whole: "set[int]" = set()
         self._bytes = 0
         self._pending: Dict[int, threading.Event] = {}
         self.hits = 0
@@ -122,14 +132,14 @@ class SpanCache:
             offset = stop
         return True
 
-    def read(self, offset: int, size: int, decode: Callable[[int, int], bytes]) -> bytes:
-        """Bytes ``[offset, offset + size)`` (fewer at the end of the data); ``decode(start, end)``
-        produces a span on a miss."""
+    def read(self, offset: int, size: int, decode: Decode) -> bytes:
+        """Bytes ``[offset, offset + size)`` (fewer at the end of the data); ``decode`` produces
+        (a part of) a span on a miss."""
         end = min(offset + size, self.size)
         pieces: List[bytes] = []
         while offset < end:
             start, stop = self.span_of(offset)
-            data = self._get(start, stop, decode)
+            data = self._get(start, stop, min(end, stop), decode)
             piece = data[offset - start : min(end, stop) - start]
             if not piece:
                 break  # the span decoded shorter than expected: end of the data
@@ -137,13 +147,13 @@ class SpanCache:
             offset += len(piece)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
-    def readinto(self, offset: int, view: memoryview, decode: Callable[[int, int], bytes]) -> int:
+    def readinto(self, offset: int, view: memoryview, decode: Decode) -> int:
         """Like ``read`` into ``view``: each span's bytes are copied once, straight into place."""
         end = min(offset + len(view), self.size)
         done = 0
         while offset < end:
             start, stop = self.span_of(offset)
-            data = self._get(start, stop, decode)
+            data = self._get(start, stop, min(end, stop), decode)
             count = min(end, stop, start + len(data)) - offset
             if count <= 0:
                 break  # the span decoded shorter than expected: end of the data
@@ -152,11 +162,11 @@ class SpanCache:
             offset += count
         return done
 
-    def _get(self, start: int, stop: int, decode: Callable[[int, int], bytes]) -> bytes:
+    def _get(self, start: int, stop: int, need: int, decode: Decode) -> bytes:
         while True:
             with self._lock:
                 data = self._spans.get(start)
-                if data is not None:
+                if data is not None and (start + len(data) >= need or start in self._whole):
                     self._spans.move_to_end(start)
                     self.hits += 1
                     event = None
@@ -172,7 +182,7 @@ class SpanCache:
             assert event is not None
             event.wait()  # another thread decodes this span; then look again
         try:
-            data = decode(start, stop)
+            data = decode(start, stop, need)
         except BaseException:
             with self._lock:
                 del self._pending[start]
@@ -182,16 +192,29 @@ class SpanCache:
         with self._lock:
             del self._pending[start]
             self.decoded_bytes += len(data)
-            self._spans[start] = data
-            self._bytes += len(data)
+            self._keep(start, data, start + len(data) >= stop or start + len(data) < need)
             while self._bytes > self.capacity and len(self._spans) > 1:
                 old_start, old = self._spans.popitem(last=False)
                 self._bytes -= len(old)
+                self._whole.discard(old_start)
                 evicted.append(old_start)
         event.set()
         _PROCESS.forget(self, evicted)
         _PROCESS.add(self, start, len(data))
         return data
+
+    def _keep(self, start: int, data: bytes, whole: bool) -> None:
+        """(Under the lock.) ``data`` as the span at ``start`` (replacing a shorter part of it);
+        ``whole``: all there is of the span (the span, or what the data holds before its end)."""
+        old = self._spans.pop(start, None)
+        if old is not None:
+            self._bytes -= len(old)
+        self._spans[start] = data
+        self._bytes += len(data)
+        if whole:
+            self._whole.add(start)
+        else:
+            self._whole.discard(start)
 
     def spans_within(self, low: int, high: int) -> List[Tuple[int, int]]:
         """The spans ``(start, end)`` that lie in ``[low, high)``."""
@@ -203,9 +226,9 @@ class SpanCache:
         return out
 
     def wanted(self, start: int) -> bool:
-        """Whether the span at ``start`` is neither cached nor being decoded."""
+        """Whether the span at ``start`` is neither cached whole nor being decoded."""
         with self._lock:
-            return start not in self._spans and start not in self._pending
+            return start not in self._whole and start not in self._pending
 
     def offer(self, start: int, data: bytes) -> bool:
         """Keep ``data`` as the span that begins at ``start``, decoded by someone not asked for it
@@ -215,11 +238,12 @@ class SpanCache:
         if i >= len(self._starts) or self._starts[i] != start or len(data) != self._ends[i] - start:
             return False
         with self._lock:
-            if start in self._spans or start in self._pending or self._bytes + len(data) > self.capacity:
+            part = self._spans.get(start)
+            more = len(data) - (len(part) if part is not None else 0)
+            if start in self._whole or start in self._pending or self._bytes + more > self.capacity:
                 return False
-            self._spans[start] = data
+            self._keep(start, data, True)
             self._spans.move_to_end(start, last=False)  # (not used yet: first to go)
-            self._bytes += len(data)
             self.decoded_bytes += len(data)
         _PROCESS.add(self, start, len(data))
         return True
@@ -228,6 +252,7 @@ class SpanCache:
         """Evicted by the process-wide bound."""
         with self._lock:
             data = self._spans.pop(start, None)
+            self._whole.discard(start)
             if data is not None:
                 self._bytes -= len(data)
 
@@ -235,6 +260,7 @@ class SpanCache:
         with self._lock:
             starts = list(self._spans)
             self._spans.clear()
+            self._whole.clear()
             self._bytes = 0
         _PROCESS.forget(self, starts)
 
