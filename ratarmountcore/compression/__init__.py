@@ -16,12 +16,13 @@ from typing import Dict
 
 
 def backend_versions() -> Dict[str, str]:
-    """Installed versions of the decompression libraries and of crc32c (gzip block checksums),
-    without importing them."""
+    """Installed versions of the decompression libraries, of crc32c (gzip block checksums) and of
+    isal (span-cache misses of .tar.gz files decoded only as far as needed), without importing
+    them."""
     from importlib import metadata
 
     result = {}
-    for name in ("rapidgzip", "indexed_gzip", "zstandard", "python-xz", "crc32c"):
+    for name in ("rapidgzip", "indexed_gzip", "zstandard", "python-xz", "crc32c", "isal"):
         try:
             result[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

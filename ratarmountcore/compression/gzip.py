@@ -26,6 +26,7 @@ from ..io.readers import RandomAccessReader
 from ..options import CompressionOptions
 from .base import FdFile, SeekPointSource, SeekPointWriter, pack_seek_points, read_fully
 from .block_crcs import BLOCK, TABLE_NAME, BlockCrcs, CrcCollector, CrcScan
+from .deflate_resume import DeflateResumer
 from .pooled import DIRECT_READ_MIN, PooledReader
 from .scan_process import DecoderProcess, DecoderStartError, ProcessScan
 
@@ -439,6 +440,21 @@ class RapidgzipReader(_GzipReader):
         self._chunk_size = self.spacing(self.options)
         self._large_members = False
         self._process_scan: Optional[ProcessScan] = None
+        #: Decodes span-cache misses only as far as they need (False: it cannot; see
+        #: ``deflate_resume.py``), made from the seek points on the first miss.
+        self._resumer: Union[None, bool, DeflateResumer] = None
+        self._resumer_lock = threading.Lock()
+
+    def _decode_span_start(self, start: int, need: int) -> Optional[bytes]:
+        resumer = self._resumer
+        if resumer is None:
+            with self._resumer_lock:
+                if self._resumer is None:
+                    loader = self._payload_loader
+                    made = DeflateResumer.of_gztool_index(loader(), self.raw_pread) if loader is not None else None
+                    self._resumer = made if made is not None else False
+                resumer = self._resumer
+        return resumer.decode(start, need) if isinstance(resumer, DeflateResumer) else None
 
     def suggest_member_size(self, size: int) -> None:
         if size < self.large_member:

@@ -1,0 +1,165 @@
+"""Span-cache misses of a .tar.gz decoded from a seek point only as far as the read needs
+(``compression/deflate_resume.py``): the bytes equal zlib's from every seek point to any end,
+both where a prefix lines a seek point inside a byte up and where the data is read shifted;
+what it cannot decode is left to the caller; through a source, misses of a stream much larger
+than the cache decode less than their spans, and every byte read is right."""
+
+from __future__ import annotations
+
+import io
+import random
+import tarfile
+import zlib
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import pytest
+
+import ratarmountcore
+from ratarmountcore.compression import deflate_resume
+from ratarmountcore.compression.deflate_resume import DeflateResumer
+from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
+
+rapidgzip = pytest.importorskip("rapidgzip")
+pytest.importorskip("isal")
+
+
+def gzipped(data: bytes) -> bytes:
+    compressor = zlib.compressobj(6, zlib.DEFLATED, 31)
+    return compressor.compress(data) + compressor.flush()
+
+
+def gztool_index(path: Path, spacing: int = 64 * 1024) -> bytes:
+    with rapidgzip.RapidgzipFile(str(path), parallelization=1, chunk_size=spacing) as decoder:
+        decoder.seek(0, io.SEEK_END)
+        out = io.BytesIO()
+        decoder.export_index(out, rapidgzip.IndexFormat.GZTOOL)
+        return out.getvalue()
+
+
+def reader_of(raw: bytes) -> Callable[[int, int], bytes]:
+    return lambda offset, size: raw[offset : offset + size]
+
+
+def binary(rng: random.Random, size: int) -> bytes:
+    """Random bytes with repeats (about 2:1): windows hold bytes above 143 (9-bit literals)."""
+    out = bytearray()
+    while len(out) < size:
+        out += rng.randbytes(rng.randrange(100, 3000))
+        out += bytes(out[-rng.randrange(1, 90) :]) * rng.randrange(1, 30)
+    return bytes(out[:size])
+
+
+def text(rng: random.Random, size: int) -> bytes:
+    """ASCII only: no window holds a byte above 143."""
+    words = [bytes(rng.choice(b"abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randrange(2, 9))) for _ in range(3000)]
+    out = bytearray()
+    while len(out) < size:
+        out += b" ".join(rng.choice(words) for _ in range(12)) + b".\n"
+    return bytes(out[:size])
+
+
+@pytest.mark.parametrize("kind", ["binary", "text"])
+def test_every_seek_point_decodes_to_any_end(tmp_path: Path, kind: str) -> None:
+    rng = random.Random(17)
+    plain = binary(rng, 2_500_000) if kind == "binary" else text(rng, 2_500_000)
+    raw = gzipped(plain)
+    path = tmp_path / "data.gz"
+    path.write_bytes(raw)
+    resumer = DeflateResumer.of_gztool_index(gztool_index(path), reader_of(raw))
+    assert resumer is not None
+    points = list(resumer._outs)
+    bits = list(resumer._bits)
+    assert len(points) > 8 and any(bits) and any(b % 2 for b in bits) and any(b and b % 2 == 0 for b in bits)
+    for i, start in enumerate(points[1:], start=1):
+        stop = points[i + 1] if i + 1 < len(points) else len(plain)
+        for end in {start + 1, start + rng.randrange(1, stop - start + 1), stop, min(len(plain), stop + 70_000)}:
+            assert resumer.decode(start, end) == plain[start:end], (start, end, bits[i])
+    # Seek points inside a byte: lined up by a prefix, or (odd bit offsets where the window has
+    # no byte above 143 -- text, or an empty window) read shifted.
+    assert resumer.prefixed > 0 and resumer.shifted > 0
+    assert resumer.decodes > 0 and resumer.decoded_bytes > 0
+    assert resumer.decode(points[0], 100) is None  # the stream's start: no window
+    assert resumer.decode(points[1] + 1, points[1] + 100) is None  # not a seek point
+    assert resumer.decode(points[1], points[1]) is None
+
+
+def test_what_it_cannot_decode_is_left_to_the_caller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(5)
+    first, second = binary(rng, 900_000), binary(rng, 900_000)
+    raw = gzipped(first) + gzipped(second)  # two members
+    path = tmp_path / "two.gz"
+    path.write_bytes(raw)
+    payload = gztool_index(path)
+    resumer = DeflateResumer.of_gztool_index(payload, reader_of(raw))
+    assert resumer is not None
+    plain = first + second
+    last_in_first = max(out for out in resumer._outs if 0 < out < len(first))
+    # Within the first member: decoded; past its end: the caller reads the next member.
+    assert resumer.decode(last_in_first, len(first)) == first[last_in_first:]
+    assert resumer.decode(last_in_first, len(first) + 10) is None
+    # Damaged data: an error, or bytes that the caller's block checksums then refuse -- never
+    # an exception out of here.
+    damaged = bytearray(raw)
+    for i in range(len(raw) // 3, len(raw) // 3 + 2000, 7):
+        damaged[i] ^= 0x5A
+    broken = DeflateResumer.of_gztool_index(payload, reader_of(bytes(damaged)))
+    assert broken is not None
+    for out in resumer._outs[1:]:
+        got = broken.decode(out, min(len(plain), out + 200_000))
+        assert got is None or isinstance(got, bytes)
+    # The compressed file cut short: nothing.
+    point = list(resumer._outs).index(last_in_first)
+    cut = DeflateResumer.of_gztool_index(payload, reader_of(raw[: resumer._ins[point] + 1000]))
+    assert cut is not None and cut.decode(last_in_first, len(first)) is None
+    # No python-isal, or no gztool index: no resumer.
+    assert DeflateResumer.of_gztool_index(b"garbage" * 10, reader_of(raw)) is None
+    monkeypatch.setattr(deflate_resume, "_isal_zlib", lambda: None)
+    assert DeflateResumer.of_gztool_index(payload, reader_of(raw)) is None
+
+
+def make_tar_gz(path: Path, count: int) -> Dict[str, bytes]:
+    rng = random.Random(9)
+    members: Dict[str, bytes] = {}
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for i in range(count):
+            data = binary(rng, rng.randrange(1, 6000))
+            name = f"d{i % 10}/f{i}.bin"
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+            members["/" + name] = data
+    path.write_bytes(gzipped(buffer.getvalue()))
+    return members
+
+
+def test_random_reads_of_a_stream_larger_than_the_cache_decode_parts_of_spans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same random reads with and without python-isal: the same bytes, and with it each
+    miss decodes only up to the read's end (less data decoded in all)."""
+    archive = tmp_path / "a.tar.gz"
+    members = make_tar_gz(archive, 1500)
+    compression = CompressionOptions(seek_point_spacing=128 * 1024, parallelization=1, cache_size=512 * 1024)
+    opts = OpenOptions(index=IndexOptions(progress=False), compression=compression)
+    with ratarmountcore.open(str(archive), opts):
+        pass  # build the index with its seek points
+    names: List[str] = list(members)
+    random.Random(3).shuffle(names)
+    decoded = []
+    for isal in (True, False):
+        if not isal:
+            monkeypatch.setattr(deflate_resume, "_isal_zlib", lambda: None)
+        with ratarmountcore.open(str(archive), opts) as src:
+            reader = src._reader  # type: ignore[attr-defined]
+            for name in names[:300]:
+                assert src.read(name) == members[name], name
+            spans = reader._spans
+            assert spans is not None and reader.size >= 2 * spans.capacity
+            decoded.append(spans.decoded_bytes)
+            if isal:
+                assert reader._resumer and reader._resumer.decodes > spans.misses // 2 > 10
+            else:
+                assert reader._resumer is False  # whole spans, through rapidgzip
+    assert decoded[0] < 0.8 * decoded[1], decoded
