@@ -377,3 +377,32 @@ def test_crc32c_is_loaded_without_the_packages_init() -> None:
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["False", "True", "True"]
+
+
+@pytest.mark.parametrize("members_in_file", [1, 2])
+def test_the_first_pass_checks_the_trailer_with_its_own_crc32(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, members_in_file: int
+) -> None:
+    """A first pass decoded in this process computes the stream's CRC-32 on the way (ISA-L's
+    when installed) and compares it with the trailer: a single-member file needs no second
+    pass with zlib; a file of two members does (one trailer cannot tell)."""
+    rng = random.Random(23)
+    data = tar_bytes(make_members(rng, 200))
+    path = tmp_path / "a.tar.gz"
+    if members_in_file == 1:
+        path.write_bytes(gzip.compress(data, mtime=0))
+    else:
+        half = len(data) // 2
+        path.write_bytes(gzip.compress(data[:half], mtime=0) + gzip.compress(data[half:], mtime=0))
+    passes: List[str] = []
+    original = gzip_backend._GzipReader._verify_with_zlib
+
+    def counting(self: gzip_backend._GzipReader) -> None:
+        passes.append(self.path)
+        original(self)
+
+    monkeypatch.setattr(gzip_backend._GzipReader, "_verify_with_zlib", counting)
+    monkeypatch.setattr(gzip_backend.RapidgzipReader, "scan_process_min", 1 << 40)  # (decoded here)
+    with ratarmountcore.open(str(path), options()) as src:
+        assert src.read("/big/large.bin") == make_members(random.Random(23), 200)["big/large.bin"]
+    assert len(passes) == members_in_file - 1

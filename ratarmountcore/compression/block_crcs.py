@@ -39,7 +39,21 @@ TABLE_NAME = "gzip-crc32c"
 #: Pieces the first pass reads to fill a gap (data the scan skipped) or to reach the end.
 _PIECE = 1024 * 1024
 
+
 Buffer = Union[bytes, bytearray, memoryview]
+
+
+def _crc32_function() -> Callable[[Buffer, int], int]:
+    """gzip's CRC-32: ISA-L's (python-isal, 6.7 GB/s on the AMD VM) when installed, else
+    zlib's (2.0 GB/s). The first pass of a 1 GB .tar.gz spent 0.63 s in ``zlib.crc32``."""
+    try:
+        from isal import isal_zlib
+    except ImportError:
+        return zlib.crc32
+    return isal_zlib.crc32  # type: ignore[no-any-return]
+
+
+crc32 = _crc32_function()
 _crc_function: Optional[Callable[[Buffer, int], int]] = None
 
 
@@ -206,7 +220,7 @@ class CrcScan:
     def _feed(self, data: Buffer) -> None:
         self.collector.feed(data)
         if self.crc32 is not None:
-            self.crc32 = zlib.crc32(data, self.crc32)
+            self.crc32 = crc32(data, self.crc32)
 
     @property
     def size(self) -> int:
