@@ -141,7 +141,7 @@ def test_random_reads_of_a_stream_larger_than_the_cache_decode_parts_of_spans(
     miss decodes only up to the read's end (less data decoded in all)."""
     archive = tmp_path / "a.tar.gz"
     members = make_tar_gz(archive, 1500)
-    compression = CompressionOptions(seek_point_spacing=128 * 1024, parallelization=1, cache_size=512 * 1024)
+    compression = CompressionOptions(seek_point_spacing=128 * 1024, parallelization=1, cache_size=2 << 20)
     opts = OpenOptions(index=IndexOptions(progress=False), compression=compression)
     with ratarmountcore.open(str(archive), opts):
         pass  # build the index with its seek points
@@ -163,3 +163,22 @@ def test_random_reads_of_a_stream_larger_than_the_cache_decode_parts_of_spans(
             else:
                 assert reader._resumer is False  # whole spans, through rapidgzip
     assert decoded[0] < 0.8 * decoded[1], decoded
+
+
+def test_members_read_in_order_decode_each_span_about_once(tmp_path: Path) -> None:
+    """A reader going through the members in archive order: the first read in a span decodes
+    a part of it, the next one the whole span (not the span from its start once per member)."""
+    archive = tmp_path / "a.tar.gz"
+    members = make_tar_gz(archive, 1500)
+    compression = CompressionOptions(seek_point_spacing=128 * 1024, parallelization=1, cache_size=2 << 20)
+    opts = OpenOptions(index=IndexOptions(progress=False), compression=compression)
+    with ratarmountcore.open(str(archive), opts):
+        pass  # build the index with its seek points
+    with ratarmountcore.open(str(archive), opts) as src:
+        reader = src._reader  # type: ignore[attr-defined]
+        for name, data in members.items():
+            assert src.read(name) == data, name
+        spans = reader._spans
+        assert spans is not None and reader.size >= 2 * spans.capacity
+        assert reader._resumer and reader._resumer.decodes > 0
+        assert spans.decoded_bytes < 1.3 * reader.size, (spans.decoded_bytes, reader.size)

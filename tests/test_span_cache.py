@@ -63,8 +63,9 @@ def test_reads_within_and_across_spans_decode_each_span_once() -> None:
 
 def test_parts_of_spans_are_decoded_further_when_a_read_needs_more() -> None:
     """A decoder that stops where the read ends: the part is cached, a read within it is a hit,
-    one further into the span decodes it again (further), a whole span offered replaces a part,
-    and a span that ends before the read (the end of the data) is not decoded again."""
+    one further into the span decodes it whole (a reader going through the span in order must
+    not decode it from its start once per read), a whole span offered replaces a part, and a
+    span that ends before the read (the end of the data) is not decoded again."""
     decode = CountingDecoder(DATA, partial=True)
     cache = SpanCache([0, 5000], len(DATA), capacity=len(DATA))
     assert cache.read(100, 50, decode) == DATA[100:150]
@@ -72,14 +73,22 @@ def test_parts_of_spans_are_decoded_further_when_a_read_needs_more() -> None:
     view = memoryview(bytearray(40))
     assert cache.readinto(20, view, decode) == 40 and bytes(view) == DATA[20:60]
     assert decode.calls == [(0, 150)] and cache.hits == 1
+    assert cache.read(150, 10, decode) == DATA[150:160]  # just past the part: the whole span
+    assert decode.calls == [(0, 150), (0, 5000)]
+    assert cache.cached_bytes == 5000  # (the span replaced the part)
     assert cache.read(4000, 1500, decode) == DATA[4000:5500]  # across into the second span
     assert decode.calls == [(0, 150), (0, 5000), (5000, 5500)]
-    assert cache.cached_bytes == 5500  # (the longer part replaced the shorter)
-    assert cache.read(4999, 1, decode) == DATA[4999:5000] and len(decode.calls) == 3
-    assert cache.wanted(5000) and not cache.wanted(0)  # (a part: the background decoding may offer it)
-    assert cache.offer(5000, DATA[5000:]) and not cache.wanted(5000)
-    assert cache.read(9000, 1000, decode) == DATA[9000:] and len(decode.calls) == 3
-    assert cache.cached_bytes == len(DATA)
+    for offset in range(5500, 6000, 100):  # in order through a span: one more decode in all
+        assert cache.read(offset, 100, decode) == DATA[offset : offset + 100]
+    assert decode.calls[3:] == [(5000, 10_000)]
+    assert cache.read(4999, 1, decode) == DATA[4999:5000] and len(decode.calls) == 4
+    offered = SpanCache([0, 5000], len(DATA), capacity=len(DATA))
+    assert offered.read(5000, 10, decode) == DATA[5000:5010]
+    assert offered.wanted(5000) and offered.wanted(0)  # (a part: the background decoding may offer it)
+    assert offered.offer(5000, DATA[5000:]) and not offered.wanted(5000)
+    calls = len(decode.calls)
+    assert offered.read(9000, 1000, decode) == DATA[9000:] and len(decode.calls) == calls
+    assert offered.cached_bytes == len(DATA) - 5000
 
     short = SpanCache([0], 10_000, capacity=20_000)  # the data ends at 7,000, the index says 10,000
     ends_early = CountingDecoder(DATA[:7000], partial=True)

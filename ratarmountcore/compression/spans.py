@@ -17,7 +17,10 @@ cached, so corrupt data keeps failing the reads that touch it.
 
 A miss may decode only the start of its span, up to the end of the read (``decode(start, stop,
 need)`` returns at least ``need - start`` bytes, at most the span; see ``deflate_resume.py``):
-that part is cached, and a later read further into the span decodes it again, further.
+that part is cached, and a later read further into the span decodes it whole. (Decoding it
+only further again made a sequential reader of small members decode each span from its start
+once per member: every file of the 100,000-file .tar.gz read in order took 42 s instead of
+~20 s.)
 """
 
 from __future__ import annotations
@@ -171,6 +174,8 @@ class SpanCache:
                     self.hits += 1
                     event = None
                 else:
+                    if data is not None:
+                        need = stop  # a part, and more is read: the span is read further (in order)
                     event = self._pending.get(start)
                     if event is None:
                         event = self._pending[start] = threading.Event()
