@@ -458,9 +458,10 @@ def install_ours(src: str, venv: str) -> str:
         log(f"installing {src} into a new venv {venv}")
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
         subprocess.run([python, "-m", "pip", "install", *quiet, src], check=True)
-    else:  # the dependencies are there: only our package again (the checkout may have changed)
+    else:  # our package again (the checkout may have changed), and dependencies it gained since
         log(f"installing {src} into {venv}")
         subprocess.run([python, "-m", "pip", "install", *quiet, "--no-deps", "--force-reinstall", src], check=True)
+        subprocess.run([python, "-m", "pip", "install", *quiet, src], check=True)
     if not BYTECODE_AS_IS:
         # Compiled once into the cache the mounts use (``tool_env``): the run's first mount paid
         # for compiling what the install changed (the first .tar.gz of bench_compressed.py:
