@@ -11,7 +11,7 @@ import random
 import tarfile
 import zlib
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import pytest
 
@@ -134,17 +134,24 @@ def make_tar_gz(path: Path, count: int) -> Dict[str, bytes]:
     return members
 
 
-def test_random_reads_of_a_stream_larger_than_the_cache_decode_parts_of_spans(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The same random reads with and without python-isal: the same bytes, and with it each
-    miss decodes only up to the read's end (less data decoded in all)."""
+def indexed_tar_gz(tmp_path: Path) -> Tuple[Path, Dict[str, bytes], OpenOptions]:
+    """A .tar.gz of 1,500 members (5.8 MB decoded, ~55 seek points) with its index, and the
+    options that open it with a 2 MiB span cache (so that the stream is more than twice it)."""
     archive = tmp_path / "a.tar.gz"
     members = make_tar_gz(archive, 1500)
     compression = CompressionOptions(seek_point_spacing=128 * 1024, parallelization=1, cache_size=2 << 20)
     opts = OpenOptions(index=IndexOptions(progress=False), compression=compression)
     with ratarmountcore.open(str(archive), opts):
         pass  # build the index with its seek points
+    return archive, members, opts
+
+
+def test_random_reads_of_a_stream_larger_than_the_cache_decode_parts_of_spans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same random reads with and without python-isal: the same bytes, and with it each
+    miss decodes only up to the read's end (less data decoded in all)."""
+    archive, members, opts = indexed_tar_gz(tmp_path)
     names: List[str] = list(members)
     random.Random(3).shuffle(names)
     decoded = []
@@ -168,12 +175,7 @@ def test_random_reads_of_a_stream_larger_than_the_cache_decode_parts_of_spans(
 def test_members_read_in_order_decode_each_span_about_once(tmp_path: Path) -> None:
     """A reader going through the members in archive order: the first read in a span decodes
     a part of it, the next one the whole span (not the span from its start once per member)."""
-    archive = tmp_path / "a.tar.gz"
-    members = make_tar_gz(archive, 1500)
-    compression = CompressionOptions(seek_point_spacing=128 * 1024, parallelization=1, cache_size=2 << 20)
-    opts = OpenOptions(index=IndexOptions(progress=False), compression=compression)
-    with ratarmountcore.open(str(archive), opts):
-        pass  # build the index with its seek points
+    archive, members, opts = indexed_tar_gz(tmp_path)
     with ratarmountcore.open(str(archive), opts) as src:
         reader = src._reader  # type: ignore[attr-defined]
         for name, data in members.items():

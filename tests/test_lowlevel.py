@@ -679,6 +679,13 @@ class _RecordingPrefetcher:
         self.requests.append(("closed", 0))
 
 
+def _with_recording_prefetcher(source: "ratarmountcore.MountSource") -> Tuple[LowLevelOperations, _RecordingPrefetcher]:
+    prefetcher = _RecordingPrefetcher()
+    ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
+    ops.init(no_open_supported=True)
+    return ops, prefetcher
+
+
 def test_lookup_runs_hand_the_folder_to_the_prefetcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Lookups in a row in one folder (a stat of every file) hand that folder, with its size,
     to the prefetcher once per run; random opens, which alternate between a folder and its
@@ -690,11 +697,8 @@ def test_lookup_runs_hand_the_folder_to_the_prefetcher(tmp_path: Path, monkeypat
     files = {**{f"a/f{i}": b"a" for i in range(10)}, **{f"b/g{i}": b"b" for i in range(3)}, "c/h": b"c"}
     archive.write_bytes(tar_bytes(files))
     with ratarmountcore.open(str(archive)) as source:
-        prefetcher = _RecordingPrefetcher()
-        ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
-        ops.init(no_open_supported=True)
-        a = lookup(ops, ROOT_ID, b"a")[0]
-        b = lookup(ops, ROOT_ID, b"b")[0]
+        ops, prefetcher = _with_recording_prefetcher(source)
+        a, b = (lookup(ops, ROOT_ID, name)[0] for name in (b"a", b"b"))
         assert prefetcher.requests == [("/", 3)]  # a run in the root, two lookups long
         for folder, name in ((a, b"f0"), (b, b"g0"), (a, b"f1"), (b, b"g1")):  # alternating
             lookup(ops, folder, name)
@@ -729,11 +733,8 @@ def test_a_run_in_a_folder_listed_before_lists_it_again(tmp_path: Path) -> None:
     archive = tmp_path / "again.tar"
     archive.write_bytes(tar_bytes({f"{d}/f{i}": d.encode() for d in "ab" for i in range(6)}))
     with ratarmountcore.open(str(archive)) as source:
-        prefetcher = _RecordingPrefetcher()
-        ops = LowLevelOperations(source, prefetcher=prefetcher)  # type: ignore[arg-type]
-        ops.init(no_open_supported=True)
-        a = lookup(ops, ROOT_ID, b"a")[0]
-        b = lookup(ops, ROOT_ID, b"b")[0]
+        ops, prefetcher = _with_recording_prefetcher(source)
+        a, b = (lookup(ops, ROOT_ID, name)[0] for name in (b"a", b"b"))
 
         def handed_over() -> List[Tuple[str, int]]:
             """The requests for the folders: (path, stale node id)."""
