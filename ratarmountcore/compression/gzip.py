@@ -451,7 +451,11 @@ class RapidgzipReader(_GzipReader):
             with self._resumer_lock:
                 if self._resumer is None:
                     loader = self._payload_loader
-                    made = DeflateResumer.of_gztool_index(loader(), self.raw_pread) if loader is not None else None
+                    made = None
+                    try:
+                        made = DeflateResumer.of_gztool_index(loader(), self.raw_pread) if loader is not None else None
+                    except Exception as exc:  # noqa: BLE001 - the whole spans are decoded as before
+                        logger.debug("%s: no partial span decoding: %s", self.path, exc)
                     self._resumer = made if made is not None else False
                 resumer = self._resumer
         return resumer.decode(start, need) if isinstance(resumer, DeflateResumer) else None
