@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import ratarmountcore
 from ratarmountcore.compression import deflate_resume
@@ -82,6 +84,46 @@ def test_every_seek_point_decodes_to_any_end(tmp_path: Path, kind: str) -> None:
     assert resumer.decode(points[0], 100) is None  # the stream's start: no window
     assert resumer.decode(points[1] + 1, points[1] + 100) is None  # not a seek point
     assert resumer.decode(points[1], points[1]) is None
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    text_share=st.floats(0, 1),
+    level=st.integers(1, 9),
+    ends=st.lists(st.floats(0, 1), min_size=1, max_size=4),
+)
+def test_any_stream_decodes_from_any_seek_point_like_zlib(
+    tmp_path: Path, seed: int, text_share: float, level: int, ends: List[float]
+) -> None:
+    """Generated streams (random bytes, repeats and ASCII text mixed in any share, any
+    compression level): from every seek point to generated ends, the bytes are zlib's."""
+    rng = random.Random(seed)
+    pieces = []
+    size = 0
+    while size < 700_000:
+        piece = (
+            text(rng, rng.randrange(500, 40_000))
+            if rng.random() < text_share
+            else binary(rng, rng.randrange(500, 40_000))
+        )
+        pieces.append(piece)
+        size += len(piece)
+    plain = b"".join(pieces)
+    compressor = zlib.compressobj(level, zlib.DEFLATED, 31)
+    raw = compressor.compress(plain) + compressor.flush()
+    path = tmp_path / f"{seed}.gz"
+    path.write_bytes(raw)
+    resumer = DeflateResumer.of_gztool_index(gztool_index(path), reader_of(raw))
+    assert resumer is not None
+    points = list(resumer._outs)
+    for i, start in enumerate(points[1:], start=1):
+        for share in ends:
+            end = start + 1 + int(share * (min(len(plain), start + 200_000) - start - 1))
+            # (one member: every point but the first decodes)
+            assert resumer.decode(start, end) == plain[start:end], (start, end, resumer._bits[i])
 
 
 def test_what_it_cannot_decode_is_left_to_the_caller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
