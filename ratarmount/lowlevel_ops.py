@@ -382,7 +382,7 @@ class LowLevelOperations:
                 return self._lookup(parent, name, in_run)
         return self._lookup_slow(parent, name)
 
-    def _follow_run(self, parent: int, name: bytes, found: bool = True) -> Optional[threading.Event]:
+    def _follow_run(self, parent: int, name: bytes, found: bool) -> Optional[threading.Event]:
         """Two lookups in a row in one folder (a stat or open of every file; random opens
         alternate between a folder and its parent): hand the folder to the prefetcher, once per
         run, with its size from the replies made for the run. Returns what the lookup of
