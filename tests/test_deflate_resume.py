@@ -73,15 +73,17 @@ def test_every_seek_point_decodes_to_any_end(tmp_path: Path, kind: str) -> None:
     points = list(resumer._outs)
     bits = list(resumer._bits)
     assert len(points) > 8 and any(bits) and any(b % 2 for b in bits) and any(b and b % 2 == 0 for b in bits)
-    for i, start in enumerate(points[1:], start=1):
+    assert points[0] == 0
+    for i, start in enumerate(points):
         stop = points[i + 1] if i + 1 < len(points) else len(plain)
         for end in {start + 1, start + rng.randrange(1, stop - start + 1), stop, min(len(plain), stop + 70_000)}:
-            assert resumer.decode(start, end) == plain[start:end], (start, end, bits[i])
+            got = resumer.decode(start, end)
+            # (None: an odd bit offset and no byte above 143 at the window's end -- text)
+            assert got == plain[start:end] or (got is None and bits[i] % 2), (start, end, bits[i])
     # Seek points inside a byte: lined up by a prefix, or (odd bit offsets where the window has
-    # no byte above 143 -- text, or an empty window) read shifted.
-    assert resumer.prefixed > 0 and resumer.shifted > 0
+    # no byte above 143 -- text, or an empty window) left to the caller.
+    assert resumer.prefixed > 0 and (resumer.refused > 0 or kind == "binary")
     assert resumer.decodes > 0 and resumer.decoded_bytes > 0
-    assert resumer.decode(points[0], 100) is None  # the stream's start: no window
     assert resumer.decode(points[1] + 1, points[1] + 100) is None  # not a seek point
     assert resumer.decode(points[1], points[1]) is None
 
@@ -119,11 +121,40 @@ def test_any_stream_decodes_from_any_seek_point_like_zlib(
     resumer = DeflateResumer.of_gztool_index(gztool_index(path), reader_of(raw))
     assert resumer is not None
     points = list(resumer._outs)
-    for i, start in enumerate(points[1:], start=1):
+    for i, start in enumerate(points):
         for share in ends:
             end = start + 1 + int(share * (min(len(plain), start + 200_000) - start - 1))
-            # (one member: every point but the first decodes)
-            assert resumer.decode(start, end) == plain[start:end], (start, end, resumer._bits[i])
+            # (one member: every point decodes, the first one with the gzip header, but those
+            # left to the caller, see above)
+            got = resumer.decode(start, end)
+            assert got == plain[start:end] or (got is None and resumer._bits[i] % 2), (start, end, resumer._bits[i])
+
+
+def test_a_stored_block_at_a_seek_point_inside_a_byte_is_never_misread(tmp_path: Path) -> None:
+    """Incompressible pieces between hex text at level 9: stored blocks begin at seek points
+    inside a byte, some with a window of text or none. Their length follows at the file's next
+    byte boundary, which reading the compressed bytes shifted by the bit offset moved (session
+    28): half of such misread lengths passed their check, and the bytes were wrong. Every span
+    decodes to its bytes, or is left to the caller."""
+    rng = random.Random(5)
+    plain = b"".join(
+        rng.randbytes(20_000) if rng.random() < 0.4 else rng.randbytes(10_000).hex().encode() for _ in range(100)
+    )
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
+    raw = compressor.compress(plain) + compressor.flush()
+    path = tmp_path / "mixed.gz"
+    path.write_bytes(raw)
+    resumer = DeflateResumer.of_gztool_index(gztool_index(path, spacing=64 * 1024), reader_of(raw))
+    assert resumer is not None
+    points = resumer.starts() + [len(plain)]
+    stored_inside_a_byte = 0
+    for i, (start, stop) in enumerate(zip(points, points[1:])):
+        bits, offset = resumer._bits[i], resumer._ins[i]
+        if bits and i and (raw[offset - 1] >> (8 - bits) >> 1) & 3 == 0:  # BTYPE 00: stored
+            stored_inside_a_byte += bits % 2
+        got = resumer.decode(start, stop)
+        assert got is None or got == plain[start:stop], (start, stop, bits)
+    assert stored_inside_a_byte > 0  # (the case this is about: in the file)
 
 
 def test_what_it_cannot_decode_is_left_to_the_caller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -140,6 +171,8 @@ def test_what_it_cannot_decode_is_left_to_the_caller(tmp_path: Path, monkeypatch
     # Within the first member: decoded; past its end: the caller reads the next member.
     assert resumer.decode(last_in_first, len(first)) == first[last_in_first:]
     assert resumer.decode(last_in_first, len(first) + 10) is None
+    assert resumer.decode(0, 1000) == first[:1000]  # (the stream's start: the gzip header)
+    assert resumer.decode(0, len(first) + 10) is None
     # Damaged data: an error, or bytes that the caller's block checksums then refuse -- never
     # an exception out of here.
     damaged = bytearray(raw)

@@ -445,7 +445,17 @@ class RapidgzipReader(_GzipReader):
         self._resumer: Union[None, bool, DeflateResumer] = None
         self._resumer_lock = threading.Lock()
 
-    def _decode_span_start(self, start: int, need: int) -> Optional[bytes]:
+    def _decode_span_start(self, start: int, end: int) -> Optional[bytes]:
+        resumer = self._deflate_resumer()
+        return resumer.decode(start, end) if resumer is not None else None
+
+    def _span_starts_without_decoder(self) -> Optional[List[int]]:
+        resumer = self._deflate_resumer()
+        return resumer.starts() if resumer is not None else None
+
+    def _deflate_resumer(self) -> Optional[DeflateResumer]:
+        """The decoder of span-cache misses, made from the stored seek points when first asked
+        for (None: there are none, or python-isal is missing)."""
         resumer = self._resumer
         if resumer is None:
             with self._resumer_lock:
@@ -454,11 +464,11 @@ class RapidgzipReader(_GzipReader):
                     made = None
                     try:
                         made = DeflateResumer.of_gztool_index(loader(), self.raw_pread) if loader is not None else None
-                    except Exception as exc:  # noqa: BLE001 - the whole spans are decoded as before
-                        logger.debug("%s: no partial span decoding: %s", self.path, exc)
+                    except Exception as exc:  # noqa: BLE001 - the spans are decoded by rapidgzip as before
+                        logger.debug("%s: no span decoding with ISA-L: %s", self.path, exc)
                     self._resumer = made if made is not None else False
                 resumer = self._resumer
-        return resumer.decode(start, need) if isinstance(resumer, DeflateResumer) else None
+        return resumer if isinstance(resumer, DeflateResumer) else None
 
     def suggest_member_size(self, size: int) -> None:
         if size < self.large_member:

@@ -96,6 +96,8 @@ class PooledReader(CompressedReader):
         self._finish_lock = threading.Lock()
         #: Decoded spans between seek points, once the seek points are known (see ``spans.py``).
         self._spans: Optional[SpanCache] = None
+        #: Whether ``_spans_of_seek_points`` was asked (once).
+        self._spans_asked = False
         #: The thread decoding the whole stream into the span cache (see ``_warm_all``); False
         #: once it was decided that there is none.
         self._warm: Union[None, bool, threading.Thread] = None
@@ -243,6 +245,8 @@ class PooledReader(CompressedReader):
                 return b""
             size = min(size, known - offset)
             spans = self._spans
+            if spans is None and self._payload_loader is not None:
+                spans = self._spans_of_seek_points()
             if spans is not None and spans.covers(offset, size):
                 return spans.read(offset, size, self._decode_span)
         return self._pread_direct(offset, size, self._pool_for(size))
@@ -298,14 +302,43 @@ class PooledReader(CompressedReader):
             self._start_warm()
         spans = self._spans
         if need < end and spans is not None and spans.size >= PARTS_MIN_FACTOR * spans.capacity:
-            part = self._decode_span_start(start, need)
-            if part is not None:
-                return part
+            return self._decode_from_seek_point(start, end, need)
+        return self._decode_from_seek_point(start, end)
+
+    def _decode_from_seek_point(self, start: int, end: int, upto: Optional[int] = None) -> bytes:
+        """The span ``[start, end)``, or its start up to ``upto``, by the backend's own means
+        where it has them (``_decode_span_start``); else the whole span by a span decoder (which
+        decodes whole chunks anyway)."""
+        if self._closing:
+            raise ValueError("I/O operation on a closed compressed file")  # (as the pools say)
+        data = self._decode_span_start(start, end if upto is None else upto)
+        if data is not None:
+            return data
         return self._pread_direct(start, end - start, self._span_pool)
 
-    def _decode_span_start(self, start: int, need: int) -> Optional[bytes]:
-        """The bytes ``[start, need)`` from the seek point at ``start``, decoded no further
-        (None: the backend cannot, the whole span is decoded instead)."""
+    def _span_starts_without_decoder(self) -> Optional[List[int]]:
+        """The span starts, when the backend reads them from the stored seek points and decodes
+        span-cache misses itself (``_decode_span_start``); None: a span decoder of the pool
+        tells them when it is made (``_learn_spans``)."""
+        return None
+
+    def _spans_of_seek_points(self) -> Optional[SpanCache]:
+        """The span cache, made from the stored seek points without a decoder where the backend
+        can (``_span_starts_without_decoder``): random reads of a .tar.gz then make no rapidgzip
+        decoder at all, whose own cache of decoded chunks held 8-10 MiB each."""
+        if not self._spans_asked:
+            with self._finish_lock:
+                if not self._spans_asked and self._spans is None and self.options.cache_size > 0:
+                    starts = self._span_starts_without_decoder()
+                    if starts is not None and self._size is not None:
+                        self._spans = optional_cache(starts, self._size, self.options.cache_size)
+                self._spans_asked = True
+        return self._spans
+
+    def _decode_span_start(self, start: int, end: int) -> Optional[bytes]:
+        """The bytes ``[start, end)`` from the seek point at ``start``, decoded without a library
+        decoder of the pool and no further than ``end`` (None: the backend cannot). A decoder
+        of the pool keeps decoded chunks of its own, which the span cache holds already."""
         return None
 
     # A stream whose decoded bytes all fit in the span cache (a .tar.gz of a few hundred MB of
@@ -328,14 +361,14 @@ class PooledReader(CompressedReader):
         thread.start()
 
     def _warm_all(self, spans: SpanCache, size: int) -> None:
-        # Span after span in order, each decoded where the last one ended (no seek), by one of
-        # the single-threaded span decoders: a span at a time holds no more than the cache will.
+        # Span after span in order, as a miss decodes it (a span decoder of the pool goes on
+        # where the last one ended, no seek): a span at a time holds no more than the cache will.
         try:
             for start, stop in spans.spans_within(0, size):
                 if self._closing:
                     return
                 if spans.wanted(start):
-                    spans.offer(start, self._pread_direct(start, stop - start, self._span_pool))
+                    spans.offer(start, self._decode_from_seek_point(start, stop))
         except Exception as exc:  # noqa: BLE001 - readers decode what they need themselves
             logger.debug("%s: decoding the whole stream ahead stopped: %s", self.path, exc)
 
