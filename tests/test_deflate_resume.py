@@ -78,11 +78,14 @@ def test_every_seek_point_decodes_to_any_end(tmp_path: Path, kind: str) -> None:
         stop = points[i + 1] if i + 1 < len(points) else len(plain)
         for end in {start + 1, start + rng.randrange(1, stop - start + 1), stop, min(len(plain), stop + 70_000)}:
             got = resumer.decode(start, end)
-            # (None: an odd bit offset and no byte above 143 at the window's end -- text)
-            assert got == plain[start:end] or (got is None and bits[i] % 2), (start, end, bits[i])
-    # Seek points inside a byte: lined up by a prefix, or (odd bit offsets where the window has
-    # no byte above 143 -- text, or an empty window) left to the caller.
-    assert resumer.prefixed > 0 and (resumer.refused > 0 or kind == "binary")
+            if end <= stop:
+                assert got == plain[start:end], (start, end, bits[i])
+            else:  # (past the next point, an empty window no longer says nothing is referred to)
+                empty = resumer._window_sizes[i] == 0
+                assert got == plain[start:end] or (got is None and bits[i] % 2 and empty), (start, end, bits[i])
+    # Seek points inside a byte: lined up by a prefix -- of 9-bit literals from the window, a
+    # match (text) or a made-up byte (an empty window); odd ones are a share of them.
+    assert resumer.prefixed > sum(b % 2 for b in bits) > 0
     assert resumer.decodes > 0 and resumer.decoded_bytes > 0
     assert resumer.decode(points[1] + 1, points[1] + 100) is None  # not a seek point
     assert resumer.decode(points[1], points[1]) is None
@@ -152,9 +155,25 @@ def test_a_stored_block_at_a_seek_point_inside_a_byte_is_never_misread(tmp_path:
         bits, offset = resumer._bits[i], resumer._ins[i]
         if bits and i and (raw[offset - 1] >> (8 - bits) >> 1) & 3 == 0:  # BTYPE 00: stored
             stored_inside_a_byte += bits % 2
-        got = resumer.decode(start, stop)
-        assert got is None or got == plain[start:stop], (start, stop, bits)
+        # (Never other bytes; since the stored block at the point is decoded here, not even None.)
+        assert resumer.decode(start, stop) == plain[start:stop], (start, stop, bits)
     assert stored_inside_a_byte > 0  # (the case this is about: in the file)
+
+
+def test_a_text_window_lines_an_odd_bit_offset_up_with_a_match() -> None:
+    """No byte above 143 at the window's end (no 9-bit literal): the prefix copies the window's
+    last bytes with a match whose distance has an odd number of extra bits."""
+    rng = random.Random(2)
+    window = text(rng, deflate_resume.WINDOW)
+    assert max(window[-64:]) < 144
+    for bits in (1, 3, 5, 7):
+        made = deflate_resume._prefix(window, bits, 0)
+        assert made is not None, bits
+        head, taken = made
+        # Decoded alone: the prefix gives back exactly the window's last ``taken`` bytes.
+        decoder = zlib.decompressobj(wbits=-15, zdict=window[: len(window) - taken])
+        out = decoder.decompress(head[:-1])  # (the last byte holds the next block's first bits)
+        assert out == window[len(window) - taken :] and not decoder.eof
 
 
 def test_what_it_cannot_decode_is_left_to_the_caller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

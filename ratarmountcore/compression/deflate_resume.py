@@ -16,12 +16,17 @@ long) whose length makes the seek point's bits line up with the file's bytes, wh
 passed on as they are. An odd number of bits needs an odd number of 9-bit literals: the last
 bytes of the window are sent as literals (those of them at 144 or above have 9-bit codes) and
 taken off the dictionary, so the history the stream refers back to is unchanged, and their
-output is dropped. A window without such bytes (mostly ASCII text, or an empty one) and an
-odd number of bits is left to the caller. (Session 28 read the compressed bytes shifted by the
-bit offset there. That is wrong for a stored block: its length follows at the next byte
-boundary of the file, which the shift moves, and half of such misread lengths pass their check.
-Found in session 29, when whole spans and the stream's start came here as well: the block
-checksums refused the bytes, so an intact archive gave EIO.)
+output is dropped. Where the window's end has no such bytes (text), the block holds one match
+instead, of length 3 and a distance with an odd number of extra bits, that copies the first of
+the bytes taken off from where they occur before in the window (then literals for the rest). An
+empty window (nothing before the point is referred to up to the next one: rapidgzip stores the
+window empty) gets a made-up byte of history to send as the literal. A stored block at the point
+is copied out directly, and the decoder starts after it, on a byte boundary. Session 28 read
+the compressed bytes shifted by the bit offset instead where it found no 9-bit literal. That is
+wrong for a stored block: its length follows at the next byte boundary of the file, which the
+shift moves, and half of such misread lengths pass their check (found in session 29: the block
+checksums refused the bytes, so an intact archive gave EIO). Every span of the two benchmark
+archives and of a tar.gz of JPEG-like files now decodes here, none left to the caller.
 
 Since session 29 every span-cache miss of a rapidgzip reader comes here first, whole spans too,
 and the stream's start (read with its gzip header): a rapidgzip decoder keeps decoded chunks of
@@ -129,13 +134,41 @@ class DeflateResumer:
                 return None
             if len(window) != min(start, WINDOW):
                 return None
-        return self._counted(self._inflate_checked(window, self._ins[i], self._bits[i], end - start))
+        bits = self._bits[i]
+        if not window and bits % 2 and (i + 1 == len(self._outs) or end <= self._outs[i + 1]):
+            # An empty window and an odd bit offset: the prefix's 9-bit literal must come from
+            # somewhere. Nothing before the point is referred to up to the next one (why
+            # rapidgzip stored the window empty), so a byte of history made up is never read.
+            window = _UNREFERENCED
+        return self._counted(self._inflate_checked(window, self._ins[i], bits, end - start))
 
     def _counted(self, data: Optional[bytes]) -> Optional[bytes]:
         if data is not None:
             self.decodes += 1
             self.decoded_bytes += len(data)
         return data
+
+    def _after_a_stored_block(
+        self, window: bytes, offset: int, bits: int, want: int
+    ) -> Optional[Tuple[bytes, bytes, int]]:
+        """When the block at the seek point (at bit ``8 - bits`` of the byte before ``offset``)
+        is a stored one, not the last: its bytes (up to ``want``), the window after them, and the
+        byte where the next block begins (on a byte boundary: no prefix needed there)."""
+        first = (offset - 1) * 8 + 8 - bits  # the block's first bit
+        head = self._read(first // 8, 2)
+        if len(head) != 2:
+            return None
+        header = int.from_bytes(head, "little") >> (first % 8)
+        if header & 0b111 != 0b000:  # BFINAL 0, BTYPE 00: stored
+            return None
+        lengths = (first + 3 + 7) // 8  # LEN and NLEN follow at the next byte boundary
+        size, check = struct.unpack("<HH", self._read(lengths, 4).ljust(4, b"\0"))
+        if size ^ 0xFFFF != check:
+            return None
+        data = self._read(lengths + 4, min(size, want))
+        if len(data) != min(size, want):
+            return None
+        return data, (window + data)[-WINDOW:], lengths + 4 + size
 
     def _inflate_checked(self, window: bytes, offset: int, bits: int, want: int, wbits: int = -15) -> Optional[bytes]:
         try:
@@ -156,12 +189,20 @@ class DeflateResumer:
                 return None
             lined_up = _prefix(window, bits, before[0] >> (8 - bits))
             if lined_up is None:
-                # (No odd number of 9-bit literals at the window's end. The compressed bytes
-                # read shifted by the bits before the block, as up to session 28, misplace the
-                # byte boundary that a stored block's length follows: wrong bytes for half of
-                # them, refused by the block checksums as damage, EIO for intact data.)
-                self.refused += 1
-                return None
+                # No prefix: an odd bit offset and a window that offers neither 9-bit literals
+                # nor a match to make one -- mostly an empty window, before a stored block.
+                # (The compressed bytes read shifted by the bits before the block, as up to
+                # session 28, misplace the byte boundary that a stored block's length follows:
+                # wrong bytes for half of them, refused by the block checksums as damage.)
+                stored = self._after_a_stored_block(window, offset, bits, want)
+                if stored is None:
+                    self.refused += 1
+                    return None
+                data, window, offset = stored
+                if len(data) >= want:
+                    return data[:want]
+                rest = self._inflate(window, offset, 0, want - len(data))
+                return None if rest is None else data + rest
             head, drop = lined_up
             self.prefixed += 1
             window = window[: len(window) - drop]
@@ -204,6 +245,8 @@ def _literal(value: int) -> Tuple[int, int]:
     return _reversed_bits(0x190 + value - 144, 9), 9
 
 
+#: The window given to a point whose window is empty (see ``decode``): one byte with a 9-bit code.
+_UNREFERENCED = bytes([144])
 #: An empty block with fixed codes: BFINAL 0, BTYPE 01, end of block (seven 0 bits).
 _EMPTY_BLOCK = (0b010, 10)
 #: Literals taken from the end of the window at most, looking for an odd number of 9-bit ones.
@@ -227,7 +270,7 @@ def _prefix(window: bytes, bits: int, top: int) -> Optional[Tuple[bytes, int]]:
             if nine % 2:
                 break
         else:
-            return None
+            return _prefix_with_a_match(window, need, bits, top)
         literals = count
         value, length = 0b010, 3  # a block with fixed codes, not the last
         for byte in window[len(window) - count :]:
@@ -241,3 +284,69 @@ def _prefix(window: bytes, bits: int, top: int) -> Optional[Tuple[bytes, int]]:
     value |= top << length
     length += bits
     return value.to_bytes(length // 8, "little"), literals
+
+
+#: Distance codes of deflate with an odd number of extra bits: (code, first distance, extra bits).
+_ODD_DISTANCES = [
+    (code, base, extra)
+    for code, base, extra in (
+        (4, 5, 1),
+        (5, 7, 1),
+        (8, 17, 3),
+        (9, 25, 3),
+        (12, 65, 5),
+        (13, 97, 5),
+        (16, 257, 7),
+        (17, 385, 7),
+        (20, 1025, 9),
+        (21, 1537, 9),
+        (24, 4097, 11),
+        (25, 6145, 11),
+        (28, 16385, 13),
+        (29, 24577, 13),
+    )
+]
+#: The length of the match that a prefix without 9-bit literals copies (length code 257: 7 bits).
+_MATCH = 3
+
+
+def _prefix_with_a_match(window: bytes, need: int, bits: int, top: int) -> Optional[Tuple[bytes, int]]:
+    """``_prefix`` for an odd ``need`` when the window's end offers no odd number of 9-bit
+    literals (text): a block with one match, whose distance has an odd number of extra bits (a
+    match of length 3 is 7 + 5 + extra bits), and literals after it. With the window's last
+    ``taken`` bytes taken off the dictionary, the match copies the first 3 of them from where
+    they occur before and the literals send the rest, so that the history is the window again;
+    their output is dropped. None when no such earlier occurrence is found."""
+    for taken in range(_MATCH, min(len(window), _MAX_LITERALS) + 1):
+        history = len(window) - taken  # the dictionary: the window without the bytes taken
+        head = window[history : history + _MATCH]
+        for code, base, extra in _ODD_DISTANCES:
+            low, high = max(base, _MATCH), min(base + (1 << extra) - 1, history)
+            if low > high:
+                continue
+            # An occurrence at ``history - distance`` for a distance in [low, high], copied from
+            # the dictionary alone (distance >= 3).
+            found = window.rfind(head, history - high, history - low + _MATCH)
+            if found < 0:
+                continue
+            value, length = 0b010, 3  # a block with fixed codes, not the last
+            value |= _reversed_bits(257 - 256, 7) << length  # length code 257: a match of 3
+            length += 7
+            value |= _reversed_bits(code, 5) << length
+            length += 5
+            value |= (history - found - base) << length  # (extra bits go in as they are)
+            length += extra
+            for byte in window[history + _MATCH :]:
+                literal, size = _literal(byte)
+                value |= literal << length
+                length += size
+            length += 7  # end of block
+            if length % 2 != need % 2:
+                break  # (an even number of 9-bit literals in the rest: try taking more)
+            while length % 8 != need:
+                value |= _EMPTY_BLOCK[0] << length
+                length += _EMPTY_BLOCK[1]
+            value |= top << length
+            length += bits
+            return value.to_bytes(length // 8, "little"), taken
+    return None
