@@ -287,25 +287,22 @@ def _prefix(window: bytes, bits: int, top: int) -> Optional[Tuple[bytes, int]]:
 
 
 #: Distance codes of deflate with an odd number of extra bits: (code, first distance, extra bits).
-_ODD_DISTANCES = [
-    (code, base, extra)
-    for code, base, extra in (
-        (4, 5, 1),
-        (5, 7, 1),
-        (8, 17, 3),
-        (9, 25, 3),
-        (12, 65, 5),
-        (13, 97, 5),
-        (16, 257, 7),
-        (17, 385, 7),
-        (20, 1025, 9),
-        (21, 1537, 9),
-        (24, 4097, 11),
-        (25, 6145, 11),
-        (28, 16385, 13),
-        (29, 24577, 13),
-    )
-]
+_ODD_DISTANCES = (
+    (4, 5, 1),
+    (5, 7, 1),
+    (8, 17, 3),
+    (9, 25, 3),
+    (12, 65, 5),
+    (13, 97, 5),
+    (16, 257, 7),
+    (17, 385, 7),
+    (20, 1025, 9),
+    (21, 1537, 9),
+    (24, 4097, 11),
+    (25, 6145, 11),
+    (28, 16385, 13),
+    (29, 24577, 13),
+)
 #: The length of the match that a prefix without 9-bit literals copies (length code 257: 7 bits).
 _MATCH = 3
 
