@@ -256,8 +256,8 @@ _MAX_LITERALS = 64
 def _prefix(window: bytes, bits: int, top: int) -> Optional[Tuple[bytes, int]]:
     """Bytes that a raw deflate decoder reads as complete blocks and then the block that begins
     with the ``bits`` bits ``top``, so that the compressed bytes after it follow unshifted; and
-    how many of the window's last bytes the blocks send as literals (None: there is no odd
-    number of 9-bit literals among the window's last bytes, and one is needed)."""
+    how many of the window's last bytes the blocks send (None: an odd number of bits is
+    needed, and neither 9-bit literals nor a match at the window's end make one)."""
     need = (8 - bits) % 8  # the prefix's length in bits, modulo 8
     value = 0
     length = 0
@@ -272,18 +272,29 @@ def _prefix(window: bytes, bits: int, top: int) -> Optional[Tuple[bytes, int]]:
         else:
             return _prefix_with_a_match(window, need, bits, top)
         literals = count
-        value, length = 0b010, 3  # a block with fixed codes, not the last
-        for byte in window[len(window) - count :]:
-            code, size = _literal(byte)
-            value |= code << length
-            length += size
+        value, length = _with_literals(0b010, 3, window[len(window) - count :])  # (fixed codes, not the last)
         length += 7  # end of block
+    return _lined_up(value, length, need, bits, top), literals
+
+
+def _with_literals(value: int, length: int, data: bytes) -> Tuple[int, int]:
+    """The bits ``value`` (``length`` of them) followed by ``data`` as fixed-code literals."""
+    for byte in data:
+        code, size = _literal(byte)
+        value |= code << length
+        length += size
+    return value, length
+
+
+def _lined_up(value: int, length: int, need: int, bits: int, top: int) -> bytes:
+    """The prefix's blocks (``length`` bits) and empty ones up to ``need`` bits modulo 8, then
+    the first ``bits`` bits ``top`` of the stream's block: whole bytes."""
     while length % 8 != need:
         value |= _EMPTY_BLOCK[0] << length
         length += _EMPTY_BLOCK[1]
     value |= top << length
     length += bits
-    return value.to_bytes(length // 8, "little"), literals
+    return value.to_bytes(length // 8, "little")
 
 
 #: Distance codes of deflate with an odd number of extra bits: (code, first distance, extra bits).
@@ -333,17 +344,9 @@ def _prefix_with_a_match(window: bytes, need: int, bits: int, top: int) -> Optio
             length += 5
             value |= (history - found - base) << length  # (extra bits go in as they are)
             length += extra
-            for byte in window[history + _MATCH :]:
-                literal, size = _literal(byte)
-                value |= literal << length
-                length += size
+            value, length = _with_literals(value, length, window[history + _MATCH :])
             length += 7  # end of block
             if length % 2 != need % 2:
                 break  # (an even number of 9-bit literals in the rest: try taking more)
-            while length % 8 != need:
-                value |= _EMPTY_BLOCK[0] << length
-                length += _EMPTY_BLOCK[1]
-            value |= top << length
-            length += bits
-            return value.to_bytes(length // 8, "little"), taken
+            return _lined_up(value, length, need, bits, top), taken
     return None
