@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import io
 import random
-import tarfile
 import zlib
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
+from conftest import tar_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -237,18 +237,9 @@ def test_what_it_cannot_decode_is_left_to_the_caller(tmp_path: Path, monkeypatch
 
 def make_tar_gz(path: Path, count: int) -> Dict[str, bytes]:
     rng = random.Random(9)
-    members: Dict[str, bytes] = {}
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for i in range(count):
-            data = binary(rng, rng.randrange(1, 6000))
-            name = f"d{i % 10}/f{i}.bin"
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-            members["/" + name] = data
-    path.write_bytes(gzipped(buffer.getvalue()))
-    return members
+    files = {f"d{i % 10}/f{i}.bin": binary(rng, rng.randrange(1, 6000)) for i in range(count)}
+    path.write_bytes(gzipped(tar_bytes(files)))
+    return {"/" + name: data for name, data in files.items()}
 
 
 def indexed_tar_gz(tmp_path: Path) -> Tuple[Path, Dict[str, bytes], OpenOptions]:
