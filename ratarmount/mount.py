@@ -13,6 +13,7 @@ import ctypes
 import logging
 import os
 import signal
+import stat
 import sys
 import threading
 from typing import Callable, Dict, Optional, Union
@@ -250,11 +251,23 @@ def _remove_empty(folder: str) -> None:
         logger.debug("left %s in place: %s", folder, exc)
 
 
-def _detach_stdio() -> None:
+def _detach_stdio(keep_stderr: bool = False) -> None:
     devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
+    for fd in (0, 1) if keep_stderr else (0, 1, 2):
         os.dup2(devnull, fd)
     os.close(devnull)
+
+
+def _stderr_kept_for_debug() -> bool:
+    """With ``-d`` in the background, whether the daemon goes on writing its debug messages to
+    the caller's stderr: a terminal or a file, yes. A pipe or socket, no: whoever reads it
+    (``ratarmount -d ... 2>&1 | tee log``, a program capturing the output) waited for its end,
+    i.e. for the unmount, and the command never seemed to return."""
+    try:
+        mode = os.fstat(2).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISREG(mode)
 
 
 def _daemonize(options: MountOptions, remove_mountpoint: bool = False) -> int:
@@ -287,8 +300,12 @@ def _daemonize(options: MountOptions, remove_mountpoint: bool = False) -> int:
             except OSError as exc:
                 logger.debug("Checking the new mount failed: %s", exc)
                 return
-            if options.debug == 0:
-                _detach_stdio()
+            keep_stderr = options.debug > 0 and _stderr_kept_for_debug()
+            if options.debug and not keep_stderr:
+                where = options.log_file or "the system log"
+                logger.debug("stderr is a pipe: debug messages go to %s from now on (-f keeps them here)", where)
+            _detach_stdio(keep_stderr)  # (stdin and stdout always: a pipe kept open is a reader waiting)
+            if not keep_stderr:
                 route_background_logs(to_file=options.log_file is not None)
             os.close(write_end)
 

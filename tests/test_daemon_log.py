@@ -6,12 +6,14 @@ import errno
 import logging
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import List
 
 import pytest
-from conftest import Mounter, lazy_unmount, run_ratarmount, tar_bytes
+from conftest import RATARMOUNT, Mounter, lazy_unmount, run_ratarmount, tar_bytes
 
 from ratarmount.daemon_log import route_background_logs
 
@@ -40,6 +42,78 @@ def test_background_mount_writes_what_it_finds_to_the_log_file(mounter: Mounter,
         time.sleep(0.05)
     assert len(lines) == 1, log.read_text()
     assert str(archive) in lines[0] and "ratarmount[" in lines[0] and "ERROR" in lines[0]
+
+
+def _change_and_read(archive: Path, mountpoint: Path) -> None:
+    """Rewrite the mounted archive in place and read from it: EIO, and an error in the log."""
+    with open(archive, "r+b") as f:
+        f.truncate(0)
+        f.write(tar_bytes(OTHER))
+    time.sleep(1.2)  # (the mount looks at the archive at most once a second)
+    with pytest.raises(OSError) as caught:
+        (mountpoint / sorted(FILES)[0]).read_bytes()
+    assert caught.value.errno == errno.EIO
+
+
+def _wait_for_line(path: Path, text: str) -> List[str]:
+    lines: List[str] = []
+    for _ in range(40):
+        lines = [line for line in path.read_text().splitlines() if text in line]
+        if lines:
+            break
+        time.sleep(0.05)
+    return lines
+
+
+def _daemon_stdio(mountpoint: Path) -> List[str]:
+    """Where fds 0, 1 and 2 of the daemon serving ``mountpoint`` point."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and entry != str(os.getpid()):
+            try:
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+                if str(mountpoint).encode() in argv:
+                    return [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in (0, 1, 2)]
+            except OSError:
+                continue
+    raise AssertionError(f"no process serves {mountpoint}")
+
+
+def test_debug_mount_in_the_background_returns_when_its_output_is_a_pipe(mounter: Mounter, tmp_path: Path) -> None:
+    """``ratarmount -d A M 2>&1 | tee log``: the daemon kept the pipes, and the reader of the
+    output waited for their end until the unmount (so did a program capturing the output)."""
+    archive = tmp_path / "data.tar"
+    archive.write_bytes(tar_bytes(FILES))
+    log = tmp_path / "mount.log"
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    mounter.mounts.append(mountpoint)  # (unmounted at the end, also when this hangs)
+    result = run_ratarmount("-d", "--log-file", str(log), str(archive), str(mountpoint), timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert os.path.ismount(mountpoint)
+    assert f"debug messages go to {log} from now on" in result.stderr
+    assert _daemon_stdio(mountpoint) == [os.devnull] * 3
+    _change_and_read(archive, mountpoint)
+    lines = _wait_for_line(log, "changed since it was mounted")
+    assert len(lines) == 1 and "ERROR" in lines[0], log.read_text()
+
+
+def test_debug_mount_in_the_background_keeps_writing_to_a_file_as_stderr(mounter: Mounter, tmp_path: Path) -> None:
+    archive = tmp_path / "data.tar"
+    archive.write_bytes(tar_bytes(FILES))
+    err = tmp_path / "stderr.txt"
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    mounter.mounts.append(mountpoint)
+    with open(err, "w") as stderr:
+        result = subprocess.run(
+            [*RATARMOUNT, "-d", str(archive), str(mountpoint)], stdout=subprocess.PIPE, stderr=stderr, timeout=60
+        )
+    assert result.returncode == 0, err.read_text()
+    assert _daemon_stdio(mountpoint) == [os.devnull, os.devnull, str(err)]
+    _change_and_read(archive, mountpoint)
+    lines = _wait_for_line(err, "changed since it was mounted")
+    assert len(lines) == 1 and "ERROR" in lines[0], err.read_text()
+    assert "DEBUG" in err.read_text()
 
 
 def test_unwritable_log_file_is_a_one_line_error(tmp_path: Path) -> None:
