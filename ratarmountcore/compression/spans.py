@@ -169,10 +169,10 @@ class SpanCache:
         while True:
             with self._lock:
                 data = self._spans.get(start)
-                if data is not None and (start + len(data) >= need or start in self._whole):
+                hit = data is not None and (start + len(data) >= need or start in self._whole)
+                if hit:
                     self._spans.move_to_end(start)
                     self.hits += 1
-                    event = None
                 else:
                     if data is not None:
                         need = stop  # a part, and more is read: the span is read further (in order)
@@ -181,11 +181,15 @@ class SpanCache:
                         event = self._pending[start] = threading.Event()
                         self.misses += 1
                         break
-            if data is not None:
+            if hit:
+                assert data is not None
                 _PROCESS.touch(self, start)
                 return data
+            # Another thread decodes this span; then look again. (Until session 30 a part
+            # cached short of the read was returned here: a short read, which the gzip reader
+            # reported as damage. Found by fuzzing with concurrent readers.)
             assert event is not None
-            event.wait()  # another thread decodes this span; then look again
+            event.wait()
         try:
             data = decode(start, stop, need)
         except BaseException:
