@@ -23,7 +23,7 @@ from ratarmountcore.io.descriptors import raise_soft_limit
 from ratarmountcore.sources.factory import open_source
 
 from .cli import MountOptions, check_mountpoint
-from .daemon_log import route_background_logs
+from .daemon_log import SYSLOG_SOCKET, route_background_logs
 from .termination import STOPPED_STATUSES, default_signal_handlers, ended_by, exit_status
 from .workers import default_max_threads
 
@@ -302,7 +302,7 @@ def _daemonize(options: MountOptions, remove_mountpoint: bool = False) -> int:
                 return
             keep_stderr = options.debug > 0 and _stderr_kept_for_debug()
             if options.debug and not keep_stderr:
-                where = options.log_file or "the system log"
+                where = options.log_file or ("the system log" if os.path.exists(SYSLOG_SOCKET) else "nowhere")
                 logger.debug("stderr is a pipe: debug messages go to %s from now on (-f keeps them here)", where)
             _detach_stdio(keep_stderr)  # (stdin and stdout always: a pipe kept open is a reader waiting)
             if not keep_stderr:
