@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 import pytest
+from test_deflate_resume import indexed_tar_gz
 
 import ratarmountcore
 from ratarmountcore.compression import deflate_resume
@@ -185,12 +186,7 @@ def test_threads_reading_a_tar_gz_larger_than_the_cache_get_the_right_bytes(tmp_
     """Parts of spans (a stream at least twice the cache) read by several threads at once: one
     thread's read past a cached part while another decoded the span further came back short,
     as damage (EIO through a mount), in a few of every thousand reads."""
-    archive = tmp_path / "a.tar.gz"
-    members = make_tar_gz(archive, 1500)
-    compression = CompressionOptions(seek_point_spacing=64 * 1024, parallelization=2, cache_size=1 << 20)
-    opts = OpenOptions(index=IndexOptions(progress=False), compression=compression)
-    with ratarmountcore.open(str(archive), opts):
-        pass  # build the index with its seek points
+    archive, members, opts = indexed_tar_gz(tmp_path)
     names = list(members)
     with ratarmountcore.open(str(archive), opts) as src:
 
