@@ -14,6 +14,7 @@ from typing import List
 
 import pytest
 from conftest import RATARMOUNT, Mounter, lazy_unmount, run_ratarmount, tar_bytes
+from test_cli import daemon_of
 
 from ratarmount.daemon_log import route_background_logs
 
@@ -67,15 +68,8 @@ def _wait_for_line(path: Path, text: str) -> List[str]:
 
 def _daemon_stdio(mountpoint: Path) -> List[str]:
     """Where fds 0, 1 and 2 of the daemon serving ``mountpoint`` point."""
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and entry != str(os.getpid()):
-            try:
-                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-                if str(mountpoint).encode() in argv:
-                    return [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in (0, 1, 2)]
-            except OSError:
-                continue
-    raise AssertionError(f"no process serves {mountpoint}")
+    pid = daemon_of(mountpoint)
+    return [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in (0, 1, 2)]
 
 
 def test_debug_mount_in_the_background_returns_when_its_output_is_a_pipe(mounter: Mounter, tmp_path: Path) -> None:

@@ -155,8 +155,9 @@ def _pass_over(archive_path: str, target: str, cause: str) -> None:
 
 def first_valid(archive_path: str, stats: ArchiveStats, options: IndexOptions) -> Optional[Tuple[str, IndexReader]]:
     """The first index in the candidate locations that belongs to the archive as it is (build
-    options aside), opened: for a mount that names no gzip backend to open the archive with the
-    backend the index was built with (``open_or_build`` takes the reader over as ``found``). An
+    options aside), opened: for a mount of a compressed archive to learn whether it is a tar or
+    a single file without decoding it, and, naming no gzip backend, to open it with the backend
+    the index was built with (``open_or_build`` takes the reader over as ``found``). An
     index built with ``--gzip-backend indexed_gzip`` (a ``.tar.gz`` padded with zeros, which
     rapidgzip refuses) was rebuilt with the default backend on the next mount without the
     option, and failed again (found checking the README)."""
