@@ -150,6 +150,10 @@ def run_fuse(
 
         def ready() -> None:
             mounted.append(True)
+            try:
+                source.expect_reads()  # (returns at once)
+            except Exception as exc:  # noqa: BLE001 - a hint; the reads will say what is wrong
+                logger.debug("No decoding ahead: %s", exc)
             if options.read_ahead_kib > 0:
                 threading.Thread(target=tune_then_report, name="ratarmount-tune", daemon=True).start()
             elif on_ready is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
 import os
@@ -11,9 +12,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import pytest
+from conftest import Mounter
 from test_deflate_resume import indexed_tar_gz
 
 import ratarmountcore
@@ -414,3 +416,84 @@ def test_no_background_decoding_when_the_stream_does_not_fit_or_is_not_alone(tmp
         assert both.read(names[0]) == members[names[0]] and both.read(names[-1]) == members[names[-1]]
         readers = [s._reader for s in both.sources]  # type: ignore[attr-defined]
         assert [r._warm for r in readers] == [None, False]  # (b.tar.gz serves the names; both are open)
+
+
+def _make_tar_bz2(path: Path, count: int) -> Dict[str, bytes]:
+    members = make_tar_gz(path, count)
+    path.write_bytes(bz2.compress(gzip.decompress(path.read_bytes()), 1))  # (100 KB blocks)
+    return members
+
+
+@pytest.mark.parametrize("make", [make_tar_gz, _make_tar_bz2], ids=["tar.gz", "tar.bz2"])
+def test_expect_reads_decodes_a_stream_that_fits_before_any_read(tmp_path: Path, make: Any) -> None:
+    """A mount that is up says so (``expect_reads``): the whole stream is decoded into the cache
+    then, not from the first read's miss on. For bzip2 the span starts come from a decoder."""
+    archive = tmp_path / "a.tar"
+    members = make(archive, 1500)
+    opts = OpenOptions(
+        index=IndexOptions(progress=False),
+        compression=CompressionOptions(seek_point_spacing=64 * 1024, parallelization=2),
+    )
+    with ratarmountcore.open(str(archive), opts):
+        pass  # build the index with its seek points
+    with ratarmountcore.open(str(archive), opts) as src:
+        reader = src._reader  # type: ignore[attr-defined]
+        assert reader._warm is None and reader._spans is None  # (opening decodes nothing)
+        src.expect_reads()
+        deadline = time.monotonic() + 30
+        while not isinstance(reader._warm, threading.Thread) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        _warm_thread(reader).join(30)
+        spans = reader._spans
+        assert spans.cached_bytes == reader.size  # every span, before any read
+        names = list(members)
+        random.Random(5).shuffle(names)
+        for name in names:
+            assert src.read(name) == members[name], name
+        assert spans.misses == 0
+
+
+def test_expect_reads_starts_nothing_for_a_stream_too_large_or_not_alone(tmp_path: Path) -> None:
+    first, second = tmp_path / "a.tar.gz", tmp_path / "b.tar.gz"
+    members = make_tar_gz(first, 600)
+    make_tar_gz(second, 600)
+    small = OpenOptions(
+        index=IndexOptions(progress=False),
+        compression=CompressionOptions(seek_point_spacing=64 * 1024, parallelization=1, cache_size=512 * 1024),
+    )
+    with ratarmountcore.open(str(first), small):
+        pass
+    with ratarmountcore.open(str(first), small) as src:
+        src.expect_reads()
+        time.sleep(0.3)
+        reader = src._reader  # type: ignore[attr-defined]
+        assert reader._warm is None and reader.stats.compressed_bytes_read == 0
+        names = list(members)
+        assert src.read(names[-1]) == members[names[-1]]
+    both = OpenOptions(
+        index=IndexOptions(progress=False),
+        compression=CompressionOptions(seek_point_spacing=64 * 1024, parallelization=1),
+    )
+    with ratarmountcore.open([str(first), str(second)], both) as union:
+        union.expect_reads()
+        time.sleep(0.3)
+        readers = [s._reader for s in union.sources]  # type: ignore[attr-defined]
+        assert all(not isinstance(r._warm, threading.Thread) for r in readers)  # (two are open)
+        assert union.read(names[0]) == members[names[0]]
+
+
+def test_a_mount_decodes_a_small_tar_gz_before_it_is_read(mounter: Mounter, tmp_path: Path) -> None:
+    """The FUSE front-end gives the hint once the mount is up (``expect_reads``); the debug log
+    tells when the whole-stream decoding starts. Nothing in the mount is touched before."""
+    archive = tmp_path / "a.tar.gz"
+    members = make_tar_gz(archive, 600)
+    mounter.unmount(mounter.mount(archive))  # (builds the index)
+    log = tmp_path / "mount.log"
+    mountpoint = mounter.mount(archive, extra=["-d", "--log-file", str(log)])
+    wanted = "into the span cache in the background"
+    deadline = time.monotonic() + 30
+    while wanted not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert wanted in log.read_text(), log.read_text()[-2000:]
+    name = sorted(members)[-1]
+    assert (mountpoint / name).read_bytes() == members[name]

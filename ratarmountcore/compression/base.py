@@ -234,6 +234,10 @@ class CompressedReader(ABC):
         random access does not apply."""
         return None
 
+    def decode_ahead(self) -> None:  # noqa: B027 - a hint, ignored by default
+        """A hint: reads are coming soon (a mount is up). A reader whose cache holds the whole
+        decompressed stream may start decoding it in the background; it must return at once."""
+
     #: Whether ``suggest_member_size`` is worth a look at the first members before a scan.
     wants_member_size: ClassVar[bool] = False
 

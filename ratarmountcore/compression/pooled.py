@@ -358,7 +358,31 @@ class PooledReader(CompressedReader):
                 return
             thread = threading.Thread(target=self._warm_all, args=(spans, size), name="ratarmount-warm", daemon=True)
             self._warm = thread
+            logger.debug("%s: decoding all %d bytes into the span cache in the background", self.path, size)
         thread.start()
+
+    def decode_ahead(self) -> None:
+        # The decoding of ``_start_warm`` begins at the first span-cache miss otherwise. A mount
+        # is read a moment after it is up (a training job's first files come a few tens of ms
+        # later): 1,000 random reads of the 10,000-file benchmark .tar.gz right after the mount
+        # returned took 0.40-0.48 s from the first miss on and 0.28-0.31 s from the mount on,
+        # with less CPU (misses no longer decode parts of spans that the whole-stream decoding
+        # then decodes again).
+        size = self._size
+        if self._warm is not None or self._closing or size is None or self._payload_loader is None or len(_OPEN) > 1:
+            return  # (``_start_warm`` says why not)
+        if size > self.options.cache_size:
+            return
+        threading.Thread(target=self._warm_now, name="ratarmount-warm-start", daemon=True).start()
+
+    def _warm_now(self) -> None:
+        try:
+            if self._spans_of_seek_points() is None and self._spans is None:
+                self.pread(0, 1)  # the span starts come from a span decoder (bzip2): make one
+            if self._spans is not None:
+                self._start_warm()
+        except Exception as exc:  # noqa: BLE001 - a hint: reads decode what they need themselves
+            logger.debug("%s: no decoding ahead: %s", self.path, exc)
 
     def _warm_all(self, spans: SpanCache, size: int) -> None:
         # Span after span in order, as a miss decodes it (a span decoder of the pool goes on

@@ -200,6 +200,11 @@ class MountSource(ABC):
         saw a lookup that looks like a random open). Sources that read from disk start
         fetching (the beginning of) it in the background; it must return at once."""
 
+    def expect_reads(self) -> None:  # noqa: B027 - a hint, ignored by default
+        """A hint: a front-end is up and its files will be read (a mount is ready). A source of
+        a small compressed archive starts decoding it into its cache in the background; it
+        must return at once. (Opening a source decodes nothing; this is asked for.)"""
+
     def is_implied(self, path: str, info: FileInfo) -> bool:
         """Whether folder ``path`` (``info``: its ``lookup``) is only implied by member paths, an
         archive having no member of that name (tar makes such a folder only where nothing is: a

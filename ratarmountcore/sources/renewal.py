@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Tuple
 
+from ..compression.base import CompressedReader
 from ..errors import RatarmountError
 from ..index.sqlite_index import IndexReader
 from ..io import forks
@@ -49,6 +50,13 @@ class RenewedAfterFork:
         # and a connection closed under a query crashed the process in libsqlite3.
         self._reader.close()
         self._index.close()
+
+    def expect_reads(self) -> None:
+        """``MountSource.expect_reads``: a compressed archive's reader decodes ahead."""
+        if self._generation != forks.generation:
+            self._renew()
+        if isinstance(self._reader, CompressedReader):
+            self._reader.decode_ahead()
 
     def _close_inner(self) -> None:
         """What a source holds besides its reader, index and watch (closed first)."""

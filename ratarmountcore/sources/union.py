@@ -676,6 +676,10 @@ class UnionSource(MountSource):
             raise FileNotFoundError(2, "not a file of this union")
         return self.sources[locator.source].read_into(locator.info, offset, view)
 
+    def expect_reads(self) -> None:
+        for source in self.sources:
+            source.expect_reads()  # (a compressed reader decodes ahead only when it is alone)
+
     def will_read(self, info: FileInfo) -> None:
         locator = info.locator
         if isinstance(locator, UnionLocator):
