@@ -218,35 +218,49 @@ def drop_caches(level: int = 3) -> bool:
         return False
 
 
-def cpu_busy_fraction(interval: float = 0.5) -> float:
-    """Fraction of all CPUs busy over ``interval`` (from /proc/stat)."""
+def _process_ticks(pid: Optional[int]) -> int:
+    """CPU time of process ``pid``, all its threads, in the clock ticks of /proc/stat (0: none)."""
+    if not pid:
+        return 0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])  # utime, stime
 
-    def sample() -> Tuple[int, int]:
+
+def cpu_busy_fraction(interval: float = 0.5, exclude_pid: Optional[int] = None) -> float:
+    """Fraction of all CPUs busy over ``interval`` (from /proc/stat), without what process
+    ``exclude_pid`` used (the mount being measured, decoding in the background)."""
+
+    def sample() -> Tuple[int, int, int]:
         with open("/proc/stat") as f:
             values = [int(v) for v in f.readline().split()[1:]]
         idle = values[3] + (values[4] if len(values) > 4 else 0)
-        return idle, sum(values)
+        return idle, sum(values), _process_ticks(exclude_pid)
 
-    idle0, total0 = sample()
+    idle0, total0, own0 = sample()
     time.sleep(interval)
-    idle1, total1 = sample()
-    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
+    idle1, total1, own1 = sample()
+    return max(0.0, 1.0 - (idle1 - idle0 + own1 - own0) / max(1, total1 - total0))
 
 
 QUIET_LOG: List[Dict[str, Any]] = []
 QUIET_BUDGET = 300.0  # seconds of waiting for idle CPUs per run, in total (--quiet-budget)
 
 
-def wait_for_quiet(label: str, max_wait: float, threshold: float = 0.25) -> float:
+def wait_for_quiet(label: str, max_wait: float, threshold: float = 0.25, exclude_pid: Optional[int] = None) -> float:
     """Wait (at most ``max_wait`` s) until other processes keep less than ``threshold`` of the
     CPUs busy, so that a measurement does not share the 2 cores with someone's test run.
+    ``exclude_pid``: a mount whose own background work must not delay its measurement.
     Returns the busy fraction seen last; every wait is logged into QUIET_LOG."""
     global QUIET_BUDGET
     max_wait = min(max_wait, QUIET_BUDGET)
     start = time.monotonic()
-    busy = cpu_busy_fraction(0.5 if max_wait > 0 else 0.2)
+    busy = cpu_busy_fraction(0.5 if max_wait > 0 else 0.2, exclude_pid)
     while busy > threshold and time.monotonic() - start < max_wait:
-        busy = cpu_busy_fraction(1.0)
+        busy = cpu_busy_fraction(1.0, exclude_pid)
     waited = time.monotonic() - start
     QUIET_BUDGET = max(0.0, QUIET_BUDGET - waited)
     QUIET_LOG.append({"before": label, "busy": round(busy, 3), "waited_s": round(waited, 1)})
