@@ -102,6 +102,8 @@ class PooledReader(CompressedReader):
         #: once it was decided that there is none.
         self._warm: Union[None, bool, threading.Thread] = None
         self._warm_lock = threading.Lock()
+        #: The thread that starts it when asked before any read (``decode_ahead``).
+        self._starter: Optional[threading.Thread] = None
         self._closing = False
         _OPEN.add(self)
         #: Compressed bytes read so far (decided at the first ``compressed_progress``).
@@ -373,7 +375,11 @@ class PooledReader(CompressedReader):
             return  # (``_start_warm`` says why not)
         if size > self.options.cache_size:
             return
-        threading.Thread(target=self._warm_now, name="ratarmount-warm-start", daemon=True).start()
+        with self._warm_lock:
+            if self._starter is not None:
+                return
+            self._starter = threading.Thread(target=self._warm_now, name="ratarmount-warm-start", daemon=True)
+            self._starter.start()
 
     def _warm_now(self) -> None:
         try:
@@ -451,6 +457,13 @@ class PooledReader(CompressedReader):
     def close(self) -> None:
         self._closing = True
         _OPEN.discard(self)
+        with self._warm_lock:
+            starter = self._starter
+        if starter is not None:
+            # Before the decoders close: a bzip2 decoder it is still making or reading with
+            # aborts the process if the interpreter ends under its threads (1 in 8 mounts
+            # unmounted at once).
+            starter.join(10)
         warm = self._warm
         if isinstance(warm, threading.Thread):
             warm.join(10)  # (at most one span's decoding after the flag)
