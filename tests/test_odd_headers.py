@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import subprocess
 import tarfile
 from pathlib import Path
 
 import pytest
+from conftest import Mounter
 from tarcompare import FRESH, check_archive_against_tar
 
 import ratarmountcore
@@ -79,6 +81,71 @@ def test_a_size_on_a_folder_or_hard_link_header_is_not_data(tmp_path: Path, type
     with ratarmountcore.open(str(archive), FRESH) as src:
         with src.open("/inner") as f:
             assert f.read() == b"smuggled"
+
+
+@pytest.mark.parametrize("typeflag", [b"0", b"\0", b"7"])
+@pytest.mark.parametrize("fmt", ["ustar", "gnu", "v7"])
+def test_a_file_header_named_with_a_trailing_slash_is_a_folder_without_data(
+    tmp_path: Path, typeflag: bytes, fmt: str
+) -> None:
+    """``tar -x`` makes a "regular file" named ``d/`` a folder, and reads the block after its
+    header as the next header whatever its size says (``tar -t`` skips the size: extraction is
+    what counts). Skipping it hid the member stored there."""
+    header = bytearray(BLOCK)
+    header[0:2] = b"d/"
+    header[100:108] = b"0000755\0"
+    header[108:116] = header[116:124] = b"0000000\0"
+    header[136:148] = b"%011o\0" % 1_000_000
+    header[156:157] = typeflag
+    if fmt == "ustar":
+        header[257:265] = b"ustar\x0000"
+    elif fmt == "gnu":
+        header[257:265] = b"ustar  \0"
+    hidden = _member("hidden", b"smuggled")
+    header[124:136] = b"%011o\0" % len(hidden)
+    archive = tmp_path / "slash.tar"
+    archive.write_bytes(_checksummed(header) + hidden + _member("b", b"two") + bytes(2 * BLOCK))
+    extracted = check_archive_against_tar(archive, tmp_path)
+    assert {"/d", "/hidden", "/b"} <= set(extracted)
+    with ratarmountcore.open(str(archive), FRESH) as src:
+        assert src.stat("/d").st_mode & 0o170000 == 0o040000
+        with src.open("/hidden") as f:
+            assert f.read() == b"smuggled"
+    # Its "data" a zero block: tar -x takes it for the end ("A lone zero block"), as must we.
+    one_byte = _checksummed(header[:124] + b"%011o\0" % 1 + header[136:])
+    archive.write_bytes(one_byte + bytes(BLOCK) + _member("b", b"two"))
+    extracted = check_archive_against_tar(archive, tmp_path / "zero", tar_status=(0, 2))
+    assert "/b" not in extracted
+
+
+def _base256(value: int) -> bytes:
+    return bytes([0x80]) + value.to_bytes(7, "big")
+
+
+def test_owner_ids_tar_cannot_set_are_root_as_after_tar_x(tmp_path: Path, mounter: Mounter) -> None:
+    """A uid or gid beyond uid_t (base-256), or (uid_t)-1 (which chown(2) reads as "unchanged"):
+    ``tar -x`` as root warns and leaves the file root's. The mount answered lstat of the first
+    with EIO, and showed 65534 for the second."""
+    members = b""
+    for name, uid, gid in (("a", 2**40, 2**31), ("b", 2**32, 5), ("c", 7, 2**32 - 1)):
+        header = bytearray(tarfile.TarInfo(name).tobuf(format=tarfile.GNU_FORMAT))
+        header[108:116] = _base256(uid)
+        header[116:124] = _base256(gid)
+        header[124:136] = b"%011o\0" % 1
+        members += _checksummed(header) + name.encode().ljust(BLOCK, b"\0")
+    info = tarfile.TarInfo("d")
+    info.size = 1
+    info.pax_headers = {"uid": str(2**32 - 1), "gid": str(2**32 - 1)}
+    members += info.tobuf(format=tarfile.PAX_FORMAT) + b"d".ljust(BLOCK, b"\0")
+    archive = tmp_path / "owners.tar"
+    archive.write_bytes(members + bytes(2 * BLOCK))
+    extracted = check_archive_against_tar(archive, tmp_path, extract_args=["--same-owner"], tar_status=(0, 2))
+    wanted = {"/a": (0, 2**31), "/b": (0, 5), "/c": (7, 0), "/d": (0, 0)}
+    assert {path: (extracted[path].uid, extracted[path].gid) for path in wanted} == wanted
+    mountpoint = mounter.mount(archive, extra=["--index-file", str(tmp_path / "owners.index.sqlite")])
+    for path, (uid, gid) in wanted.items():
+        st = os.lstat(str(mountpoint) + path)
+        assert (st.st_uid, st.st_gid) == (uid, gid), path
 
 
 @pytest.mark.parametrize("field", [b"0o3", b"1_1", b"+3", b"-3", b"3x"])

@@ -31,9 +31,10 @@ from .pool import ConnectionPool, read_only_uri
 logger = logging.getLogger(__name__)
 
 #: Bump when the schema or the meaning of a column changes, or when older indexes lack members
-#: (7: hard links whose target path passes through a symbolic link to a folder); older indexes
-#: are rebuilt.
-FORMAT_VERSION = "7"
+#: (7: hard links whose target path passes through a symbolic link to a folder; 8: members
+#: stored after a "regular file" named with a trailing slash, owner ids tar cannot set); older
+#: indexes are rebuilt.
+FORMAT_VERSION = "8"
 #: ``offset_header`` of folders that no member names, only member paths imply.
 IMPLICIT = -1
 
