@@ -73,7 +73,6 @@ _UID_MAX = (1 << 32) - 1  # uid_t and gid_t
 _SIZE_MAX = (1 << 63) - 1  # off_t
 
 
-
 def _settable_id(value: int) -> int:
     """An owner id as ``tar -x --same-owner`` run by root leaves it (what the index shows): one
     beyond uid_t, or (uid_t)-1, which chown(2) takes for "unchanged", leaves the file with the
