@@ -576,19 +576,25 @@ def _tar_of(path: Path, tree: Dict[str, object]) -> Path:
     return path
 
 
-def test_a_folder_a_later_source_replaces_by_a_file_takes_its_entries_along(tmp_path: Path) -> None:
-    """A: folder d with d/old; B: a file d; C: folder d with d/new. On disk, B's file would have
-    replaced A's folder with all it held: the union shows C's d with "new" only, and with A and
-    B alone nothing below the file d (through the API as through a mount)."""
-    a = _tar_of(tmp_path / "A.tar", {"d": None, "d/old": b"old", "d/sub/deep": b"deep", "keep/k": b"k"})
+def test_a_file_of_a_later_source_replaces_an_empty_folder_and_is_refused_over_a_full_one(tmp_path: Path) -> None:
+    """As ``tar -x`` of one source after the other: a file replaces a folder it can remove (an
+    empty one; a folder of a still later source then starts empty), and is refused where the
+    folder holds something ("File exists"), which stays as it is, however it was made (with a
+    member of its own, or only implied by its members' paths)."""
+    empty = _tar_of(tmp_path / "E.tar", {"d": None, "keep/k": b"k"})
+    full = _tar_of(tmp_path / "A.tar", {"d": None, "d/old": b"old", "d/sub/deep": b"deep", "keep/k": b"k"})
+    implied = _tar_of(tmp_path / "I.tar", {"d/old": b"old"})
     b = _tar_of(tmp_path / "B.tar", {"d": b"file"})
     c = _tar_of(tmp_path / "C.tar", {"d": None, "d/new": b"new"})
-    with ratarmountcore.open([str(a), str(b), str(c)]) as src:
+    with ratarmountcore.open([str(empty), str(b), str(c)]) as src:
         assert sorted(src.listdir("/")) == ["d", "keep"] and src.listdir("/d") == ["new"]
-        assert not src.exists("/d/old") and not src.exists("/d/sub/deep") and src.read("/keep/k") == b"k"
-    with ratarmountcore.open([str(a), str(b)]) as src:
-        assert src.read("/d") == b"file"
-        assert not src.exists("/d/old") and not src.exists("/d/sub") and not src.exists("/d/sub/deep")
+    with ratarmountcore.open([str(empty), str(b)]) as src:
+        assert src.read("/d") == b"file" and src.read("/keep/k") == b"k"
+    with ratarmountcore.open([str(full), str(b), str(c)]) as src:
+        assert sorted(src.listdir("/d")) == ["new", "old", "sub"] and src.read("/d/sub/deep") == b"deep"
+    for first in (full, implied):
+        with ratarmountcore.open([str(first), str(b)]) as src:
+            assert src.info("/d").is_dir and src.read("/d/old") == b"old"
 
 
 def test_a_hard_link_whose_other_name_a_later_source_replaces_stays_readable(tmp_path: Path) -> None:

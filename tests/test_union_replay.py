@@ -47,7 +47,9 @@ PATHS = _all_paths(3)
 @st.composite
 def sources(draw: st.DrawFn) -> List[Source]:
     """2-4 sources over the same few names (so that they meet on them): each name absent, a file
-    or a folder; a tar's folders with members below are left out (implied) half of the time."""
+    or a folder; a tar's folders with members below are left out (implied) half of the time.
+    Nothing below a file of the same tar: a union shows such a tar as its own ``tar -x`` left it,
+    also where the union refuses the file (see docs/design.md, "Unions")."""
     result: List[Source] = []
     for _ in range(draw(st.integers(2, 4))):
         folder = draw(st.booleans())
@@ -56,6 +58,9 @@ def sources(draw: st.DrawFn) -> List[Source]:
             parent = path.rpartition("/")[0]
             if parent and tree.get(parent, "" if folder else "d") != "d":
                 continue  # (nothing below a file; a folder's below its own folders only)
+            parts = path.split("/")
+            if any(tree.get("/".join(parts[:i])) == "f" for i in range(1, len(parts))):
+                continue
             kind = draw(st.sampled_from(["", "", "f", "d"] if path.count("/") < 2 else ["", "", "", "f"]))
             if kind:
                 tree[path] = kind
@@ -106,8 +111,9 @@ def make(tmp_path: Path, number: int, source: Source) -> str:
 
 def model(all_sources: List[Source]) -> Dict[str, Tuple[str, int]]:
     """tar -x of each source in order: path -> (kind, mode or owner); a file or a folder replaces
-    what is there (a file takes what is below along), a folder only implied is made where nothing
-    is and makes its members fail where a file is."""
+    what is there (a file takes what is below along), except that a file is refused where a
+    folder holds something ("File exists"), a folder only implied is made where nothing is and
+    makes its members fail where a file is."""
     fs: Dict[str, Tuple[str, int]] = {}
 
     def parents_are_folders(path: str) -> bool:
@@ -123,6 +129,8 @@ def model(all_sources: List[Source]) -> Dict[str, Tuple[str, int]]:
             if kind == "i":
                 fs.setdefault(path, ("d", 0o755))
                 continue
+            if kind == "f" and fs.get(path, ("",))[0] == "d" and any(p.startswith(path + "/") for p in fs):
+                continue  # (rmdir of a folder that is not empty fails)
             if kind == "f" or fs.get(path, ("d",))[0] != "d":
                 for below in [p for p in fs if p.startswith(path + "/")]:
                     del fs[below]

@@ -19,7 +19,7 @@ import os
 import sqlite3
 import stat
 import threading
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from ..index.paths import join_path
 from ..index.pool import ConnectionPool, read_only_uri
@@ -46,9 +46,10 @@ logger = logging.getLogger(__name__)
 _S_IFMT = 0o170000
 #: A path component naming an entry's versions (``PATH.versions/``).
 _VERSIONS_PART = VERSIONS_SUFFIX.decode() + "/"
-UNION_FORMAT = "10"  # 5: a folder replaced by a file takes its entries with it; 6: ``implied``;
+UNION_FORMAT = "11"  # 5: a folder replaced by a file takes its entries with it; 6: ``implied``;
 # 7: nothing below an earlier source's file that a later source only implies as a folder;
-# 8: ``barriers``; 9: ``kinds`` (instead of barriers); 10: folders' link counts of the union
+# 8: ``barriers``; 9: ``kinds`` (instead of barriers); 10: folders' link counts of the union;
+# 11: a file over a folder that holds something is refused, as by tar -x
 #: A folder's rows from the union table (``StatRow`` fields) after a name, in name order.
 _STAT_ROWS_SQL = (
     "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev FROM entries "
@@ -84,6 +85,26 @@ def _kind(mode: int, implied: int) -> int:
 class UnionLocator(NamedTuple):
     source: int
     info: FileInfo
+
+
+def _refused(conn: sqlite3.Connection, folders: List[Tuple[bytes, bytes]]) -> List[Tuple[object, ...]]:
+    """Of ``folders`` (parent, name) that a later archive has as a file, link or device, the rows
+    of those that hold something: ``tar -x`` cannot remove a folder that is not empty ("File
+    exists") and leaves it, with what is in it, where it replaces an empty one. They are taken out
+    of ``folders`` (nothing below them is dropped) and returned, to be put back over the later
+    archive's entries."""
+    kept: List[Tuple[object, ...]] = []
+    for parent, name in list(folders):
+        if conn.execute("SELECT 1 FROM entries WHERE parent = ? LIMIT 1", (join_path(parent, name),)).fetchone():
+            folders.remove((parent, name))
+            kept.extend(
+                conn.execute(
+                    "SELECT parent, name, source, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, implied "
+                    "FROM entries WHERE parent = ? AND name = ?",
+                    (parent, name),
+                )
+            )
+    return kept
 
 
 def _drop_below(conn: sqlite3.Connection, folders: Sequence[Tuple[bytes, bytes]]) -> None:
@@ -213,17 +234,18 @@ class UnionSource(MountSource):
                     f"SELECT parent, name, {number}, mode, size, mtime_ns, uid, gid, nlink, {numbered}, rdev, "
                     "offset_header = ? FROM src.files WHERE latest = 1 AND name != x'' AND offset_header"
                 )
-                _drop_below(
-                    conn,
-                    conn.execute(
-                        "SELECT e.parent, e.name FROM entries e JOIN src.files f ON f.parent = e.parent AND "
-                        f"f.name = e.name WHERE f.latest = 1 AND f.kind != 'd' AND e.mode & {_S_IFMT} = {stat.S_IFDIR}"
-                    ).fetchall(),
-                )
+                files_over_folders = conn.execute(
+                    "SELECT e.parent, e.name FROM entries e JOIN src.files f ON f.parent = e.parent AND "
+                    f"f.name = e.name WHERE f.latest = 1 AND f.kind != 'd' AND e.mode & {_S_IFMT} = {stat.S_IFDIR}"
+                ).fetchall()
+                kept = _refused(conn, files_over_folders)
+                _drop_below(conn, files_over_folders)
                 if self._mutable:
                     self._record_kinds(conn, number)
                 # (``implied``: a folder source before this one that has the name wins it.)
                 conn.execute(f"INSERT OR REPLACE INTO entries {columns} {select} != ?", (IMPLICIT, IMPLICIT))
+                if kept:
+                    conn.executemany(f"INSERT OR REPLACE INTO entries {columns} VALUES ({', '.join('?' * 12)})", kept)
                 conn.execute(f"INSERT OR IGNORE INTO entries {columns} {select} = ?", (IMPLICIT, IMPLICIT))
                 # A folder only implied where an earlier source has a file, link or device: its
                 # members are not the union's (tar -x of one source after the other: "Not a
@@ -252,12 +274,15 @@ class UnionSource(MountSource):
                         rows.append((parent, name, number, mode, size, mtime, uid, gid, nlink, ino, rdev, 0))
                         if not stat.S_ISDIR(mode) and (parent, name) in folders:
                             replaced.append((parent, name))
+                kept = _refused(conn, replaced)
                 _drop_below(conn, replaced)
                 if self._mutable:
                     self._record_walked_kinds(conn, number, rows)
                 conn.executemany(
                     f"INSERT OR REPLACE INTO entries {columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
                 )
+                if kept:
+                    conn.executemany(f"INSERT OR REPLACE INTO entries {columns} VALUES ({', '.join('?' * 12)})", kept)
         if not self._mutable:  # (with folder sources, folders keep their winners' counts, as lookups give)
             self._count_folder_links(conn)
 
@@ -424,7 +449,7 @@ class UnionSource(MountSource):
             if not settled.is_dir:
                 return None
             above += "/" + part
-            found = settle(self._claims(above, settled), settled)
+            found = settle(self._claims(above, settled), settled, self._holds_at(above))
             if found is None:
                 return None
             settled = found
@@ -497,7 +522,8 @@ class UnionSource(MountSource):
             else:
                 if len(named) > 1 and any(c.source in self._mutable and c.kind == FOLDER for c in named):
                     named = self._checked_folders(path, name, named)  # (a folder source's folder may be implied)
-                settled = settle(named, above)
+                child = join_path(encoded, name).decode("utf-8", "surrogateescape")
+                settled = settle(named, above, self._holds_at(child))
                 if settled is None:
                     continue
                 number = settled.owner.source
@@ -512,6 +538,17 @@ class UnionSource(MountSource):
             if len(merged) == limit:
                 break
         return merged
+
+    def _holds_at(self, path: str) -> Callable[[Claim], bool]:
+        """``settle``'s question for folder ``path``: whether a claim's source has anything below
+        it (a folder only implied by member paths does)."""
+
+        def holds(claim: Claim) -> bool:
+            if claim.kind == IMPLIED:
+                return True
+            return bool(self.sources[claim.source].list_name_rows_after(path, None, 1))
+
+        return holds
 
     def _checked_folders(self, folder: str, name: bytes, claims: List[Claim]) -> List[Claim]:
         """``claims`` with each folder source's folder looked up: implied, or a folder of its own."""

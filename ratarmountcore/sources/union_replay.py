@@ -9,7 +9,8 @@ table also keeps every archive's kind of entry at the names some archive has as 
 sources' entries as they are now:
 
 - a file, link or device replaces whatever was there; nothing below the name from it or from
-  the sources before it stays (the *floor* rises to it);
+  the sources before it stays (the *floor* rises to it); except a folder that holds something,
+  which tar cannot remove ("File exists"): the file is refused, and the folder stays as it is;
 - a folder replaces a file (and starts empty: the floor stays at that file) or merges with a
   folder (the later one's attributes);
 - a folder only implied by an archive's member paths creates the folder where there is nothing,
@@ -20,7 +21,7 @@ sources' entries as they are now:
 
 from __future__ import annotations
 
-from typing import FrozenSet, Iterable, NamedTuple, Optional
+from typing import Callable, FrozenSet, Iterable, List, NamedTuple, Optional
 
 from .base import FileInfo
 
@@ -53,20 +54,31 @@ class Settled(NamedTuple):
 ROOT = Settled(Claim(-1, FOLDER), -1, frozenset())
 
 
-def settle(claims: Iterable[Claim], above: Settled) -> Optional[Settled]:
+def settle(
+    claims: Iterable[Claim], above: Settled, holds: Callable[[Claim], bool] = lambda claim: claim.kind == IMPLIED
+) -> Optional[Settled]:
     """The name that ``claims`` (each source's entry of that name, any order) make below the
     folder ``above``; None when no source it lets through has the name. Claims of sources at or
-    below ``above.floor`` or excluded above are ignored."""
+    below ``above.floor`` or excluded above are ignored. ``holds``: whether a folder claim's
+    source has something below the name (asked only where a later file meets the folder)."""
     owner: Optional[Claim] = None
     floor = above.floor
     excluded = above.excluded
+    folders: List[Claim] = []  # the folder claims merged since the last file: what the folder holds
     for claim in sorted(c for c in claims if c.source > above.floor and c.source not in above.excluded):
         if claim.kind == FILE:
+            if owner is not None and owner.kind != FILE and any(holds(c) for c in folders):
+                continue  # tar -x cannot remove a folder that is not empty: "File exists"
             owner, floor = claim, claim.source
+            folders = []
         elif claim.kind == FOLDER:
             owner = claim
+            folders.append(claim)
         elif owner is None:
             owner = claim
+            folders.append(claim)
         elif owner.kind == FILE:
             excluded = excluded | {claim.source}
+        else:
+            folders.append(claim)
     return None if owner is None else Settled(owner, floor, excluded)
