@@ -864,6 +864,25 @@ def test_members_tar_cannot_make_leave_what_was_there(tmp_path: Path) -> None:
         assert stat.S_IMODE(s.info("/").mode) != 0o700 and s.info("/").uid != 5
 
 
+def test_the_folders_of_a_link_tar_cannot_make_are_made_where_tar_x_replays(tmp_path: Path) -> None:
+    """The same empty-target link below folders without members, in an archive whose name
+    conflicts send it through the extraction replay: tar -x still makes the folders."""
+    archive = tmp_path / "replayed.tar"
+    with tarfile.open(archive, "w", format=tarfile.GNU_FORMAT) as tar:
+        _add(tar, "p/q/s", type=tarfile.SYMTYPE, linkname="")
+        _add(tar, "f", b"x")
+        _add(tar, "f", type=tarfile.DIRTYPE)  # (a file, then a folder of its name: a replay)
+        _add(tar, "r/t", type=tarfile.SYMTYPE, linkname="")
+        _add(tar, "r", b"over r")  # (the folder r holds nothing: the file replaces it)
+    dest = tmp_path / "x"
+    result = tar_extract(archive, dest, check=False)
+    assert result.returncode == 2 and b"Cannot create symlink" in result.stderr
+    expected = snapshot_dir(dest)
+    assert {"/p", "/p/q", "/f", "/r"} <= set(expected) and expected["/r"].kind == "f"
+    with ratarmountcore.open(str(archive), FRESH) as s:
+        compare_trees(expected, snapshot_source(s), implicit_dirs_of(archive, expected), check_root=False)
+
+
 def test_all_zero_archive(tmp_path: Path) -> None:
     archive = tmp_path / "zeros.tar"
     archive.write_bytes(b"\0" * 10240)

@@ -43,8 +43,9 @@ from .paths import ROOT, join_path, parent_and_name
 MAX_LINK_HOPS = 40
 
 #: (id, parent, name, is a folder, for an archive's folder the id after its members' rows (else
-#: 0), a symbolic link's target or None, a hard link's target path or None)
-Row = Tuple[int, bytes, bytes, bool, int, Optional[bytes], Optional[bytes]]
+#: 0), a symbolic link's target or None, a hard link's target path or None). A name None: a
+#: member left out whose folders tar -x makes all the same (a symbolic link with an empty target).
+Row = Tuple[int, bytes, Optional[bytes], bool, int, Optional[bytes], Optional[bytes]]
 
 
 class Replayed(NamedTuple):
@@ -84,6 +85,10 @@ def replay(rows: Iterable[Row], stored_names: Optional[Dict[int, bytes]] = None)
     refused = 0  # the id after the rows of an inner archive tar could not put in place
     archives = False  # whether an archive's folder was placed (then its path is a file after its rows)
     for row, parent, name, is_dir, archive, symlink, hardlink in rows:
+        if name is None:
+            if row >= refused and not (archives and _below_archive_file(tree, parent, row)):
+                _make_parents(tree, parent)
+            continue
         if not name:  # the root itself: a folder, always there
             tree[ROOT].row = row
             continue

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import heapq
 import itertools
 import logging
 import os
@@ -32,8 +33,8 @@ logger = logging.getLogger(__name__)
 
 #: Bump when the schema or the meaning of a column changes, or when older indexes lack members
 #: (7: hard links whose target path passes through a symbolic link to a folder; 8: members
-#: stored after a "regular file" named with a trailing slash, owner ids tar cannot set); older
-#: indexes are rebuilt.
+#: stored after a "regular file" named with a trailing slash, owner ids tar cannot set, the
+#: folders of an empty-target link in a replayed archive); older indexes are rebuilt.
 FORMAT_VERSION = "8"
 #: ``offset_header`` of folders that no member names, only member paths imply.
 IMPLICIT = -1
@@ -219,6 +220,9 @@ class IndexWriter:
         self._last_parent = ""
         self._last_parent_bytes = b""
         self._has_hardlinks = False
+        #: (row id, parent) of members left out whose folders tar -x makes all the same (a
+        #: symbolic link with an empty target): the extraction replay makes them in their turn.
+        self._parents_only: List[Tuple[int, bytes]] = []
         #: Rows of folders that stand for archives inside the archive (``-r``).
         self._archive_folders: Dict[int, _ArchiveFolder] = {}
         #: The paths of those whose scan is done: a file to tar -x for the members after them.
@@ -267,8 +271,10 @@ class IndexWriter:
                     self._ancestors.add(parent_str)
                     parent_str = parent_str.rpartition("/")[0] or "/"
         if kind == KIND_SYMLINK and not record.linkname:
-            # symlink(2) refuses an empty target: tar -x reports it and leaves what was there.
+            # symlink(2) refuses an empty target: tar -x reports it and leaves what was there
+            # (having made the folders on the way).
             logger.warning("Ignoring the symbolic link %r: its target is empty", path)
+            self._parents_only.append((row_id, parent))
             return row_id
         if kind == KIND_DIR:
             self._explicit_dirs.add(path)
@@ -375,6 +381,7 @@ class IndexWriter:
         below = path + "/"
         self._explicit_dirs = {p for p in self._explicit_dirs if p != path and not p.startswith(below)}
         self._ancestors = {p for p in self._ancestors if p != path and not p.startswith(below)}
+        self._parents_only = [(i, parent) for i, parent in self._parents_only if i < row_id]
         self._last_parent = ""
 
     def _flush(self) -> None:
@@ -546,14 +553,16 @@ class IndexWriter:
             )
         rows = conn.execute("SELECT id, parent, name, kind, is_hardlink, linkname FROM files ORDER BY id")
         archives = self._archive_folders
-        replayed = extraction_order.replay(
+        members = (
             (
-                (
-                    i, parent, name, kind == KIND_DIR, archives[i].end if i in archives else 0,
-                    linkname if kind == KIND_SYMLINK else None, linkname if is_hardlink else None,
-                )
-                for i, parent, name, kind, is_hardlink, linkname in rows
-            ),
+                i, parent, name, kind == KIND_DIR, archives[i].end if i in archives else 0,
+                linkname if kind == KIND_SYMLINK else None, linkname if is_hardlink else None,
+            )
+            for i, parent, name, kind, is_hardlink, linkname in rows
+        )  # fmt: skip
+        parents_only = ((i, parent, None, False, 0, None, None) for i, parent in self._parents_only)
+        replayed = extraction_order.replay(
+            heapq.merge(members, parents_only, key=lambda row: row[0]),
             {i: folder.stored_name for i, folder in archives.items() if folder.stored_name is not None},
         )  # fmt: skip
         if self._has_hardlinks:
