@@ -36,7 +36,10 @@ class Progress:
         elapsed = now - self.start
         members = f"{self.items:,} members, " if self.items else ""  # none counted: a conversion
         if self.total:
-            fraction = min(1.0, position / self.total)
+            # (A compressed pass may count some bytes twice -- the file's index read at the end,
+            # frames decoded ahead -- and pass the file's size: never shown as more than it.)
+            position = min(position, self.total)
+            fraction = position / self.total
             width = 30
             bar = "#" * int(fraction * width) + "-" * (width - int(fraction * width))
             eta = (elapsed / fraction - elapsed) if fraction > 0 else 0
