@@ -589,10 +589,12 @@ def test_union_with_a_folder_lists_the_folder_as_it_is_now(mounter: Mounter, tmp
     mounter.unmount(mnt)
 
 
-def test_a_folder_sources_file_hides_earlier_folders_below_it(mounter: Mounter, tmp_path: Path) -> None:
-    """A file in a folder source where an earlier archive has a folder hides that folder's
-    entries, also where a later archive has the folder again (which then holds only its own
-    entries, as in a union of archives alone); removing the file shows them again."""
+def test_a_folder_sources_file_over_an_earlier_folder_is_what_tar_x_leaves(mounter: Mounter, tmp_path: Path) -> None:
+    """A file in a folder source where an earlier archive has a folder: ``tar -x`` cannot
+    remove a folder that holds something ("File exists"), so the file is refused and the
+    folder keeps its entries, a later archive's folder of that name merging with it; where the
+    folder is empty, the file replaces it and hides nothing (a later archive's folder then
+    holds only its own entries). Files and folders changed in the folder source count at once."""
     for name, files in (
         ("a.tar", {"d/": b"", "d/x.txt": b"a x", "d/e/": b"", "d/e/deep.txt": b"a deep", "k.txt": b"a k"}),
         ("b.tar", {"d/": b"", "d/y.txt": b"b y", "d/e/": b"", "d/e/z.txt": b"b z"}),  # (folders of its own)
@@ -614,19 +616,22 @@ def test_a_folder_sources_file_hides_earlier_folders_below_it(mounter: Mounter, 
         mounted = lambda: union_files(  # noqa: E731
             lambda d: [(e.name, e.is_dir()) for e in os.scandir(d)], lambda p: Path(p).read_bytes(), str(mnt)
         )
-        hidden = {"/d/y.txt": b"b y", "/d/e/z.txt": b"b z", "/k.txt": b"a k"}
-        assert api() == mounted() == hidden
-        for path in ("/d/x.txt", "/d/e/deep.txt"):
-            assert not src.exists(path) and not os.path.lexists(f"{mnt}{path}")
-        assert src.listdir("/d/e") == ["z.txt"] and src.listdir("/d") == ["e", "y.txt"]
+        shown = {"/d/x.txt": b"a x", "/d/e/deep.txt": b"a deep", "/d/y.txt": b"b y", "/d/e/z.txt": b"b z"}
+        shown["/k.txt"] = b"a k"
+        assert api() == mounted() == shown  # (the file d refused)
+        assert src.listdir("/d/e") == ["deep.txt", "z.txt"] and src.listdir("/d") == ["e", "x.txt", "y.txt"]
         (folder / "d").unlink()
         time.sleep(1.2)  # (the kernel keeps a folder source's names for 1 s)
-        shown = {**hidden, "/d/x.txt": b"a x", "/d/e/deep.txt": b"a deep"}
         assert api() == mounted() == shown
         (folder / "d").mkdir()
-        (folder / "d" / "e").write_bytes(b"now e is a file")  # hides d/e below it, not d/x.txt
+        (folder / "d" / "e").write_bytes(b"now e is a file")  # refused too: d/e holds deep.txt
         time.sleep(1.2)
-        assert api() == mounted() == {"/d/x.txt": b"a x", "/d/y.txt": b"b y", "/d/e/z.txt": b"b z", "/k.txt": b"a k"}
+        assert api() == mounted() == shown
+        (folder / "d" / "x.txt").mkdir()  # a folder replaces a file
+        (folder / "d" / "e").unlink()
+        time.sleep(1.2)
+        del shown["/d/x.txt"]
+        assert api() == mounted() == shown and src.listdir("/d/x.txt") == []
     mounter.unmount(mnt)
 
 
@@ -653,11 +658,11 @@ def test_a_folder_only_implied_by_a_later_archive_replaces_nothing_of_a_folder_s
 
 @pytest.mark.parametrize("api", ["low", "high"])
 def test_folder_sources_around_an_archive_see_what_it_replaces(mounter: Mounter, tmp_path: Path, api: str) -> None:
-    """A folder source's entries below a name a later archive has as a file are not the
-    union's, also where a still later folder source has the folder again; an archive that only
-    implies a folder where a folder source before it has one adds its members to it; an
-    archive's file replaced by a later archive's folder still hid what came before it. All as
-    with archives in the folder sources' places (found by fuzzing the mount against the API)."""
+    """An archive's file over a folder source's folder that holds something is refused, as
+    ``tar -x`` refuses it ("File exists"), also where a still later folder source has the
+    folder again; an archive that only implies a folder where a folder source before it has one
+    adds its members to it; a folder source's folder replaces an archive's file. All as with
+    archives in the folder sources' places (checked against tar -x of tars of the folders)."""
     for name in ("x", "y"):
         (tmp_path / "f0" / name).mkdir(parents=True)
         (tmp_path / "f0" / name / "a").write_bytes(b"a")
@@ -674,13 +679,13 @@ def test_folder_sources_around_an_archive_see_what_it_replaces(mounter: Mounter,
         info.type = tarfile.DIRTYPE
         tar.addfile(info)
     sources = [tmp_path / "f0", tmp_path / "t.tar", tmp_path / "f2", tmp_path / "b.tar"]
-    expected = {"/x": ["b"], "/c": ["b", "x"], "/y": []}
+    expected = {"/x": ["a", "b"], "/c": ["b", "x"], "/y": ["a"]}
     with ratarmountcore.open([str(path) for path in sources]) as src:
         assert {folder: src.listdir(folder) for folder in expected} == expected
-        assert not src.exists("/x/a") and not src.exists("/y/a") and src.read("/c/b") == b"cb"
+        assert src.read("/x/a") == src.read("/y/a") == b"a" and src.read("/c/b") == b"cb"
     mnt = mounter.mount(*sources, extra=["--fuse-api", api])
     assert {folder: sorted(os.listdir(f"{mnt}{folder}")) for folder in expected} == expected
-    assert not os.path.exists(mnt / "x" / "a") and not os.path.exists(mnt / "y" / "a")
+    assert (mnt / "x" / "a").read_bytes() == b"a" and (mnt / "y" / "a").read_bytes() == b"a"
     assert (mnt / "c" / "b").read_bytes() == b"cb"
 
 
