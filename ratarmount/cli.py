@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ratarmount",
         description="Mount tar archives (plain, .gz, .bz2, .zst, .xz) read-only. The first mount writes an "
         "SQLite index next to the archive (or in ~/.cache/ratarmount); later mounts open instantly.",
-        epilog="Unmount with: ratarmount -u MOUNTPOINT",
+        epilog="Unmount with: ratarmount -u MOUNTPOINT [MOUNTPOINT...]",
     )
     parser.add_argument(
         "paths",
@@ -58,7 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
         "if missing)",
     )
     parser.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground (Ctrl+C unmounts)")
-    parser.add_argument("-u", "--unmount", metavar="MOUNTPOINT", help="unmount MOUNTPOINT and exit")
+    parser.add_argument(
+        "-u",
+        "--unmount",
+        nargs="+",
+        metavar="MOUNTPOINT",
+        help="unmount each MOUNTPOINT given and exit (non-zero when any could not be unmounted)",
+    )
     parser.add_argument(
         "-o",
         "--fuse",
@@ -215,6 +221,9 @@ def to_mount_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     if args.read_ahead < 0:
         parser.error("--read-ahead must be 0 or more KiB")
     fuse_options = parse_fuse_options(args.fuse)
+    if "rw" in fuse_options:
+        # (it mounted read-write, and writes failed with ENOSYS instead of EROFS)
+        raise RatarmountError("-o rw: the mount is read-only (writes fail with EROFS); leave rw out")
     loop_threads(fuse_options)  # a bad -o max_threads= fails before the archive is opened
     mountpoint = os.path.realpath(args.paths[-1])
     for path in args.paths[:-1]:
@@ -356,6 +365,8 @@ def _process_ended(mountpoint: str) -> bool:
 
 def unmount(mountpoint: str) -> None:
     mountpoint = os.path.realpath(mountpoint)  # (a link to the mount point: see to_mount_options)
+    if not os.path.lexists(mountpoint):
+        raise RatarmountError(f"{mountpoint} does not exist")
     if not os.path.ismount(mountpoint):
         raise RatarmountError(f"{mountpoint} is not a mount point")
     for tool, args in (("fusermount3", ["-u"]), ("fusermount", ["-u"]), ("umount", [])):
@@ -385,6 +396,21 @@ def unmount(mountpoint: str) -> None:
                 why += f"; its process has ended: fusermount3 -u -z {mountpoint} detaches it now"
         raise RatarmountError(f"cannot unmount {mountpoint}: {why}")
     raise RatarmountError("cannot unmount: neither fusermount3, fusermount nor umount is installed")
+
+
+def unmount_all(mountpoints: Sequence[str], debug: int = 0) -> int:
+    """Unmount each of ``mountpoints`` (``ratarmount -u A B``): a failure is said on a line of
+    its own and the others are still unmounted; 1 when any failed."""
+    status = 0
+    for mountpoint in mountpoints:
+        try:
+            unmount(mountpoint)
+        except (RatarmountError, OSError) as exc:
+            if debug:
+                logger.exception("unmounting %s failed", mountpoint)
+            print(f"ratarmount: error: {describe(exc)}", file=sys.stderr)
+            status = 1
+    return status
 
 
 def setup_logging(debug: int) -> None:
@@ -427,8 +453,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             print(version_text())
             return 0
         if args.unmount:
-            unmount(args.unmount)
-            return 0
+            return unmount_all([*args.unmount, *args.paths], args.debug)
         options = to_mount_options(args, parser)
         if options.log_file:
             from .daemon_log import add_log_file

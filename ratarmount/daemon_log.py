@@ -29,7 +29,9 @@ def add_log_file(path: str) -> logging.Handler:
     try:
         handler = logging.FileHandler(path, mode="a", encoding="utf-8")
     except OSError as exc:
-        raise RatarmountError(f"{path}: cannot write the log file ({exc.strerror})") from None
+        folder = os.path.dirname(os.path.abspath(path))
+        why = f"the folder {folder} does not exist" if not os.path.exists(folder) else exc.strerror
+        raise RatarmountError(f"{path}: cannot write the log file ({why})") from None
     handler.setFormatter(logging.Formatter(FILE_FORMAT))
     logging.getLogger().addHandler(handler)
     return handler

@@ -19,6 +19,7 @@ import threading
 from typing import Callable, Dict, Optional, Union
 
 from ratarmountcore.errors import RatarmountError
+from ratarmountcore.index.locations import check_named_folders
 from ratarmountcore.io.descriptors import raise_soft_limit
 from ratarmountcore.sources.factory import open_source
 
@@ -220,9 +221,13 @@ def mount(options: MountOptions) -> int:
     for path in options.sources:
         if not os.path.exists(path):
             raise RatarmountError(f"{path}: no such file or directory")
+    check_named_folders(options.open_options.index)  # (before a mount point is made)
     created = options.create_mountpoint and not os.path.lexists(options.mountpoint)
     if created:
-        os.mkdir(options.mountpoint)
+        try:
+            os.mkdir(options.mountpoint)
+        except OSError as exc:
+            raise RatarmountError(f"cannot create the mount point {options.mountpoint}: {exc.strerror}") from None
         logger.warning("created the mount point %s", options.mountpoint)
     status = 1
     try:

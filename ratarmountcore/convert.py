@@ -29,7 +29,7 @@ from .errors import ArchiveError, IndexWriteError, NotFoundError, RatarmountErro
 from .formats import COMPRESSIONS, FormatId, is_tar_stream, sniff_bytes
 from .index import full_folders
 from .index.fingerprint import ArchiveStats, archive_stats
-from .index.locations import candidate_paths, folder_writable
+from .index.locations import candidate_paths, check_named_folders, folder_writable
 from .index.sqlite_index import IndexWriter, foreign_file
 from .io.readers import PlainFileReader, RandomAccessReader
 from .options import OpenOptions
@@ -255,6 +255,7 @@ def convert_to_seekable_zstd(
     out_folder = os.path.dirname(os.path.abspath(dst_path))
     if not os.path.isdir(out_folder):
         raise NotFoundError(2, f"{out_folder}: no such folder for the output")
+    check_named_folders(options.index)
     if os.path.exists(dst_path):
         if os.path.exists(src_path) and os.path.samefile(src_path, dst_path):
             raise ArchiveError(f"{dst_path}: the output would overwrite the input")

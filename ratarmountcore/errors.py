@@ -99,6 +99,15 @@ class ArchiveChangedError(CorruptDataError):
     logged = True
 
 
+class NoSourceError(RatarmountError, ValueError):
+    """``ratarmountcore.open`` was given an empty list of sources."""
+
+
+class ClosedSourceError(RatarmountError, ValueError):
+    """A source used after its ``close()``: a ``ValueError``, as an operation on a closed Python
+    file raises (it was a raw ``sqlite3.ProgrammingError``)."""
+
+
 class MissingBackendError(RatarmountError, ImportError):
     """An optional library needed for this file is not installed."""
 
@@ -113,6 +122,11 @@ class InvalidIndexError(IndexFileError):
 
 class StaleIndexError(InvalidIndexError):
     """The index does not belong to the archive as it is now (or to this format version)."""
+
+
+class OtherOptionsIndexError(StaleIndexError):
+    """The index belongs to the archive but was built with other options (``-r``,
+    ``--strip-tar-extension``, a seek point spacing, a backend, a format of an older version)."""
 
 
 class IndexWriteError(IndexFileError, _CodedOSError):
@@ -134,6 +148,14 @@ class IndexLocationFailedError(IndexWriteError):
         super().__init__(message)
         self.index = index
         self.cause = cause
+
+
+class IndexFolderNotFoundError(IndexFileError, _CodedOSError, FileNotFoundError):
+    """A folder named for indexes (``--index-folders``, the folder of ``--index-file``) does not
+    exist: it is not made (a typo would leave folders behind, and pass the index beside the
+    archive over)."""
+
+    errno_code = errno.ENOENT
 
 
 class IndexNotWritableError(IndexFileError, PermissionError):

@@ -163,7 +163,8 @@ def test_index_in_cache_when_archive_folder_not_writable(tmp_path: Path, private
 
     # A folder we cannot write to even as root: a read-only bind is not available everywhere, so
     # name an impossible first candidate instead and check the fallback order.
-    options = OpenOptions(index=IndexOptions(index_folders=("/proc/ratarmount-not-writable", str(private_home / "c"))))
+    (private_home / "c").mkdir()
+    options = OpenOptions(index=IndexOptions(index_folders=("/proc", str(private_home / "c"))))
     with ratarmountcore.open(str(archive), options) as src:
         assert src.listdir("/") == ["folder0", "folder1", "folder2"]
         assert src.index_path.startswith(str(private_home / "c"))  # type: ignore[attr-defined]
@@ -255,6 +256,7 @@ def test_index_file_and_index_folders_options(mounter: Mounter, tmp_path: Path, 
     assert index.exists() and not (archive.parent / "data.tar.index.sqlite").exists()
     mounter.unmount(mnt)
     folder = tmp_path / "indexes"
+    folder.mkdir()
     mnt = mounter.mount(archive, extra=["--index-folders", str(folder)], mountpoint=mnt)
     assert len(list(folder.glob("data.tar.*.index.sqlite"))) == 1
 

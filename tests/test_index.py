@@ -461,6 +461,7 @@ def test_a_stale_index_before_a_valid_one_is_not_reported(tmp_path: Path, caplog
 
     archive = make_tar(tmp_path / "a.tar", 3)
     cache = tmp_path / "cache"
+    cache.mkdir()
     with ratarmountcore.open(str(archive), OpenOptions(index=IndexOptions(index_folders=("",), progress=False))):
         pass
     make_tar(archive, 5)
@@ -485,7 +486,7 @@ def test_the_error_says_why_no_index_could_be_written(tmp_path: Path) -> None:
     (tmp_path / "file").write_bytes(b"")
     deep = tmp_path / ("d" * 200) / ("e" * 200)
     deep.mkdir(parents=True)
-    options = IndexOptions(index_folders=(str(tmp_path / "file" / "below"), str(deep)), progress=False)
+    options = IndexOptions(index_folders=(str(tmp_path / "file"), str(deep)), progress=False)
     with pytest.raises(IndexNotWritableError) as caught:
         ratarmountcore.open(str(archive), OpenOptions(index=options))
     message = str(caught.value)
@@ -558,21 +559,43 @@ def test_an_index_replaced_right_after_its_rename_is_checked(
             ratarmountcore.open(str(archive), options)
 
 
-def test_folders_made_for_the_index_of_a_bad_archive_are_removed(tmp_path: Path) -> None:
-    """They were made before the archive was read, and left behind empty (found by fuzzing)."""
+def test_folders_made_for_the_index_of_a_bad_archive_are_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """They were made before the archive was read, and left behind empty (found by fuzzing).
+    Only the default cache folder is made at all now."""
     from ratarmountcore.errors import ArchiveError
+    from ratarmountcore.options import DEFAULT_CACHE_FOLDER
 
     archive = tmp_path / "random.tar"
     archive.write_bytes(bytes(range(256)) * 8)
-    (tmp_path / "kept").mkdir()
-    for options in (
-        IndexOptions(index_folders=(str(tmp_path / "new" / "sub"),)),
-        IndexOptions(index_file=str(tmp_path / "kept" / "made" / "i.sqlite")),
-    ):
-        with pytest.raises(ArchiveError):
-            ratarmountcore.open(str(archive), OpenOptions(index=options))
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "random.tar"]
-        assert not list((tmp_path / "kept").iterdir())
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    with pytest.raises(ArchiveError):
+        ratarmountcore.open(str(archive), OpenOptions(index=IndexOptions(index_folders=(DEFAULT_CACHE_FOLDER,))))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "random.tar"]
+    assert not list((tmp_path / "home").iterdir())
+
+
+@pytest.mark.parametrize("named", ["index_folders", "index_file", "index_folders after ''"])
+def test_a_missing_folder_named_for_the_index_is_an_error_and_not_made(tmp_path: Path, named: str) -> None:
+    """``--index-folders /nonexistent`` made the folder (and built the index there, a valid one
+    beside the archive notwithstanding); ``--index-file nodir/x.sqlite`` made ``nodir``."""
+    from ratarmountcore.errors import IndexFolderNotFoundError
+
+    archive = make_tar(tmp_path / "a.tar", 3)
+    with ratarmountcore.open(str(archive)):  # (a valid index beside it)
+        pass
+    before = sorted(p.name for p in tmp_path.iterdir())
+    missing = tmp_path / "nonexistent"
+    if named == "index_file":
+        options = IndexOptions(index_file=str(missing / "x.sqlite"))
+    else:
+        options = IndexOptions(index_folders=(("",) if "after" in named else ()) + (str(missing / "sub"),))
+    with pytest.raises(IndexFolderNotFoundError, match=str(missing)) as caught:
+        ratarmountcore.open(str(archive), OpenOptions(index=options))
+    assert isinstance(caught.value, FileNotFoundError) and "does not exist" in str(caught.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 @pytest.mark.parametrize("mode", ["w", "w:gz"])
@@ -590,6 +613,7 @@ def test_an_index_that_fills_its_disk_is_built_at_the_next_location(
             tar.addfile(info, io.BytesIO(str(i).encode()))
     fill_disk(small_disk, 300 * 1024)  # (an empty index fits; the 6,000 members' rows do not)
     cache = tmp_path / "cache"
+    cache.mkdir()
     options = IndexOptions(index_folders=("", str(cache)), progress=False)
     with caplog.at_level(logging.WARNING), ratarmountcore.open(str(archive), OpenOptions(index=options)) as src:
         assert Path(src.index_path).parent == cache  # type: ignore[attr-defined]
@@ -625,6 +649,7 @@ def test_the_archives_of_a_full_folder_go_to_the_next_location_with_one_warning(
 
     monkeypatch.setattr(builder, "IndexWriter", counted)
     cache = tmp_path / "cache"
+    cache.mkdir()
     options = OpenOptions(index=IndexOptions(index_folders=("", str(cache)), progress=False))
     with caplog.at_level(logging.WARNING):
         for archive in archives:

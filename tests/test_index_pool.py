@@ -12,6 +12,7 @@ import pytest
 from conftest import tar_bytes
 
 import ratarmountcore
+from ratarmountcore.errors import ClosedSourceError
 from ratarmountcore.index import pool as pool_module
 from ratarmountcore.index.pool import ConnectionPool
 
@@ -136,6 +137,6 @@ def test_closing_a_pool_leaves_a_query_in_flight_to_finish(tmp_path: Path) -> No
     thread.join()
     assert results == [(3000000,)]
     assert pool.connection_count == 0
-    with pytest.raises(sqlite3.Error):
+    with pytest.raises(ClosedSourceError):  # (a ValueError, as a closed file's; was sqlite3's own)
         pool.query("SELECT 1")
     assert pool.connection_count == 0

@@ -146,6 +146,7 @@ def test_the_table_goes_to_the_first_index_folder_named(tmp_path: Path) -> None:
     a.write_bytes(tar_bytes({"x": b"1"}))
     b.write_bytes(tar_bytes({"y": b"2"}))
     scratch = tmp_path / "scratch"
+    scratch.mkdir()
     options = OpenOptions(index=IndexOptions(index_folders=("", str(scratch))))
     with ratarmountcore.open([str(a), str(b)], options) as src:
         assert src.listdir("/") == ["x", "y"]
@@ -158,7 +159,7 @@ def test_the_table_goes_to_the_first_index_folder_named(tmp_path: Path) -> None:
 
 
 def test_a_table_that_fills_its_disk_is_kept_in_memory(
-    tmp_path: Path, small_disk: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, small_disk: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SQLite's "database or disk is full" failed the mount with a traceback (an OSError was
     expected there, found in session 25); the folder made for the table is removed again."""
@@ -171,13 +172,18 @@ def test_a_table_that_fills_its_disk_is_kept_in_memory(
     a, b = tmp_path / "a.tar", tmp_path / "b.tar"
     a.write_bytes(tar_bytes({f"a/{i}/file-with-a-long-name-{i}": b"1" for i in range(3000)}))
     b.write_bytes(tar_bytes({f"b/{i}": b"2" for i in range(3000)}))
-    options = OpenOptions(index=IndexOptions(index_folders=("", str(small_disk / "cache"))))
+    # (The default cache folder: the only one made when missing; a folder named must exist.)
+    (small_disk / "home").mkdir()
+    monkeypatch.setenv("HOME", str(small_disk / "home"))
+    options = OpenOptions(index=IndexOptions(index_folders=("",)))
     with ratarmountcore.open(str(a)), ratarmountcore.open(str(b)):
         pass  # (their indexes beside them)
     fill_disk(small_disk, 64 * 1024)
     with caplog.at_level(logging.WARNING), ratarmountcore.open([str(a), str(b)], options) as src:
         assert src.listdir("/") == ["a", "b"] and src.read("/a/7/file-with-a-long-name-7") == b"1"
     assert [r.getMessage() for r in caplog.records] == [
-        f"Cannot cache the union table in {small_disk}/cache (database or disk is full); keeping it in memory"
+        f"Cannot cache the union table in {small_disk}/home/.cache/ratarmount (database or disk is full); "
+        "keeping it in memory"
     ]
-    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]  # (the folder made for it too)
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "home"]
+    assert not list((small_disk / "home").iterdir())  # (the folders made for it too)

@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Type, Union
 
-from ..errors import CorruptDataError, RatarmountError
+from ..errors import CorruptDataError, RatarmountError, TruncatedArchiveError
 from ..formats import FormatId
 from ..io.readers import RandomAccessReader
 from ..options import CompressionOptions
@@ -342,12 +342,22 @@ class CompressedReader(ABC):
         nothing to add to the library's message)."""
         return None
 
+    def truncation(self, failure: CorruptDataError) -> Optional[str]:
+        """After a first pass failed with ``failure``: how the data is truncated, when there is
+        evidence that the file's end, not bad data, stopped the decoder (None: no such evidence;
+        the failure stays "corrupt"). Some libraries report both alike."""
+        return None
+
     @contextlib.contextmanager
     def explained_failures(self) -> Iterator[None]:
-        """Around a first pass: bad data is reported with ``explain_failure``'s words added."""
+        """Around a first pass: bad data is reported with ``explain_failure``'s words added,
+        and a truncated file as truncated (``truncation``)."""
         try:
             yield
         except CorruptDataError as exc:
+            truncated = self.truncation(exc)
+            if truncated is not None:
+                raise TruncatedArchiveError(f"{self.path}: {self.format_name} data is truncated ({truncated})") from exc
             explained = self.explain_failure()
             if explained is None:
                 raise

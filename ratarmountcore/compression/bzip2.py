@@ -34,6 +34,16 @@ BLOCK_MAGIC = 0x314159265359
 END_MAGIC = 0x177245385090
 
 
+def ends_with_end_marker(tail: bytes) -> bool:
+    """Whether ``tail`` (the last 11 bytes of a file, or all of it) ends as a bzip2 stream does:
+    the end-of-stream marker, the combined CRC-32 and 0-7 zero bits of padding."""
+    value, bits = int.from_bytes(tail, "big"), 8 * len(tail)
+    for padding in range(8):
+        if bits >= 80 + padding and (value >> (32 + padding)) & ((1 << 48) - 1) == END_MAGIC:
+            return True
+    return False
+
+
 def pack_offsets(offsets: Dict[int, int]) -> bytes:
     flat = [v for pair in sorted(offsets.items()) for v in pair]
     return struct.pack(f"<{len(flat)}q", *flat)
@@ -124,6 +134,17 @@ class Bzip2Reader(PooledReader):
                 f"{self.path}: corrupt bzip2 data (the block at bit {bit} holds {len(data)} bytes, not {size})"
             )
         return data
+
+    def truncation(self, failure: CorruptDataError) -> Optional[str]:
+        # rapidgzip says "End of file reached!" when its decoder runs out of input; the file is
+        # truncated when, besides, it does not end with a stream's end marker (48 bits, then the
+        # stream's CRC-32 and fewer than 8 bits of padding). Trailing garbage ends without one
+        # too, but then the decoder meets a bad block, not the end of the file.
+        if isinstance(failure, ArchiveChangedError) or "end of file" not in str(failure).lower():
+            return None
+        if ends_with_end_marker(self.raw_pread(max(0, self.compressed_size - 11), 11)):
+            return None
+        return "the file ends inside a stream"
 
     def _open_decoder(self, raw: Union[str, FdFile], threads: int) -> Any:
         import rapidgzip

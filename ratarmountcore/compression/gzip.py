@@ -330,6 +330,18 @@ class _GzipReader(PooledReader):
             return
         self._verify_with_zlib()  # multi-member file or truncated: one more pass tells
 
+    def truncation(self, failure: CorruptDataError) -> Optional[str]:
+        # rapidgzip reports a truncated file as bad data in its decoder's words ("[IsalInflateWrapper]
+        # ... Invalid lookback distance found!"): one streaming pass with zlib tells which it is
+        # (only on this error path; it stops at the first bad byte).
+        try:
+            self._verify_with_zlib()
+        except TruncatedArchiveError:
+            return "the last member is incomplete"
+        except CorruptDataError:
+            return None  # bad data for zlib too
+        return None
+
     def _verify_with_zlib(self) -> None:
         """One streaming pass over all members: raise if the last one is incomplete."""
         decompressor = zlib.decompressobj(wbits=31)

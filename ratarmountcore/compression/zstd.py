@@ -176,13 +176,27 @@ class ZstdReader(FramedReader):
         """Offset after the last block of the frame whose first block header is at ``position``,
         and the number of blocks."""
         blocks = 0
+        block: Optional[int] = None  # (where the last block read starts)
         while True:
             header = self.raw_pread(position, 3)
             if len(header) < 3:
-                raise TruncatedArchiveError(f"{self.path}: zstd data is truncated (inside a block at byte {position})")
+                # Positions said are in the file: a block's size took ``position`` past its end,
+                # and "inside a block at byte 363282" of a 300,000-byte file named none.
+                if position < self.compressed_size:
+                    where = f"inside the block header at byte {position}"
+                elif block is None:
+                    where = "the file ends inside the frame header"
+                elif position > self.compressed_size:
+                    where = f"the block at byte {block} ends after the file"
+                else:
+                    where = f"the file ends after the block at byte {block}, before the frame's last block"
+                raise TruncatedArchiveError(f"{self.path}: zstd data is truncated ({where})")
+            block = position
             value = int.from_bytes(header, "little")
             last, block_type, block_size = value & 1, (value >> 1) & 3, value >> 3
-            if block_type == 3:
+            if block_type == 3 or block_size > BLOCK_MAX:
+                # (No block is larger: a damaged header that sent the walk past the file's end
+                # was called truncated.)
                 raise CorruptDataError(f"{self.path}: corrupt zstd block header at byte {position}")
             position += 3 + (1 if block_type == 1 else block_size)
             blocks += 1

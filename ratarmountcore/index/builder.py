@@ -23,6 +23,7 @@ from ..errors import (
     IndexNotWritableError,
     IndexWriteError,
     InvalidIndexError,
+    OtherOptionsIndexError,
     StaleIndexError,
 )
 from ..io.descriptors import check_left
@@ -66,9 +67,14 @@ def _try_open(
     except StaleIndexError as exc:
         reader.close()
 
+        # (Options differ: the archive is the same, and the index was called one that "does not
+        # match the archive (index was built with recursive='1', need '0')".)
+        other_options = isinstance(exc, OtherOptionsIndexError)
+        why = "was built with other options" if other_options else "does not match the archive"
+
         def report(reason: str = str(exc)) -> None:
-            if _first_of_its_kind(os.path.dirname(os.path.abspath(archive)), reason):
-                _report_unusable(path, f"Index {path} does not match the archive ({reason}); it will be rebuilt")
+            if _first_of_its_kind(os.path.dirname(os.path.abspath(archive)), why, reason):
+                _report_unusable(path, f"Index {path} {why} ({reason}); it will be rebuilt")
 
         unusable.append(report)
         return None
@@ -82,18 +88,19 @@ _reasons: Dict[Tuple[str, str], int] = {}
 _reasons_lock = threading.Lock()
 
 
-def _first_of_its_kind(folder: str, reason: str) -> bool:
+def _first_of_its_kind(folder: str, why: str, reason: str) -> bool:
     """Whether a stale index of an archive in ``folder`` is reported for ``reason``; the one after
-    the last reported says that further ones are rebuilt without a word each."""
+    the last reported says that further ones are rebuilt without a word each. ``why``: "does not
+    match the archive" or "was built with other options"."""
     with _reasons_lock:
         seen = _reasons[folder, reason] = _reasons.get((folder, reason), 0) + 1
     if seen == REPORTED_PER_REASON + 1:
         logger.warning(
-            "More indexes of archives in %s do not match them (%s); they are rebuilt without a message each",
-            folder, reason,
+            "More indexes of archives in %s %s (%s); they are rebuilt without a message each",
+            folder, why.replace("does not", "do not").replace("was", "were"), reason,
         )  # fmt: skip
     elif seen > REPORTED_PER_REASON + 1:
-        logger.debug("Another index of an archive in %s does not match it (%s); rebuilding it", folder, reason)
+        logger.debug("Another index of an archive in %s %s (%s); rebuilding it", folder, why, reason)
     return seen <= REPORTED_PER_REASON
 
 

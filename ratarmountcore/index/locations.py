@@ -6,8 +6,9 @@ import os
 from typing import List
 
 from ..digest import sha256
+from ..errors import IndexFolderNotFoundError
 from ..io.host_paths import absolute
-from ..options import IndexOptions
+from ..options import DEFAULT_CACHE_FOLDER, IndexOptions
 
 INDEX_SUFFIX = ".index.sqlite"
 
@@ -54,10 +55,35 @@ def _index_name(base: str, tag: str, digest: str) -> str:
     return os.fsdecode(os.fsencode(base)[: INDEX_NAME_MAX - len(tail)]) + tail
 
 
+def _default_cache() -> str:
+    return absolute(os.path.expanduser(DEFAULT_CACHE_FOLDER))
+
+
+def check_named_folders(options: IndexOptions) -> None:
+    """Raise ``IndexFolderNotFoundError`` naming the first folder the options name for indexes
+    (``index_folders``, the folder of ``index_file``) that does not exist; the default cache
+    folder (~/.cache/ratarmount) may be missing: it is made when an index goes there."""
+    if options.index_file:
+        index_file = absolute(os.path.expanduser(options.index_file))
+        folder = os.path.dirname(index_file)
+        if not os.path.exists(folder):
+            raise IndexFolderNotFoundError(f"{folder}: the folder of the index file {index_file} does not exist")
+        return
+    for name in options.index_folders:
+        if not name:
+            continue
+        folder = absolute(os.path.expanduser(name))
+        if folder != _default_cache() and not os.path.exists(folder):
+            raise IndexFolderNotFoundError(f"{folder}: the index folder does not exist")
+
+
 def folder_writable(path: str) -> bool:
+    """Whether an index can be created at ``path``; only the default cache folder is made
+    when missing (a folder the user named must exist: ``check_named_folders``)."""
     folder = os.path.dirname(path)
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError:
-        return False
-    return os.access(folder, os.W_OK | os.X_OK)
+    if folder == _default_cache():
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError:
+            return False
+    return os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)

@@ -37,7 +37,7 @@ import threading
 import weakref
 from typing import Any, List, NoReturn, Optional, Tuple
 
-from ..errors import CorruptIndexError
+from ..errors import ClosedSourceError, CorruptIndexError
 from ..io import forks, sqlite_gate
 from .warm import IndexWarmer
 
@@ -180,7 +180,7 @@ class ConnectionPool:
         with self._lock:
             if self._closed:
                 conn.close()
-                raise sqlite3.ProgrammingError(f"{self.path}: the index was closed")
+                raise ClosedSourceError(f"I/O operation on a closed source (its index {self.path} was closed)")
             if self._identity is None:
                 self._identity = identity
             elif identity != self._identity:
@@ -208,7 +208,7 @@ class ConnectionPool:
     def _borrow(self) -> sqlite3.Connection:
         with self._lock:
             if self._closed:
-                raise sqlite3.ProgrammingError(f"{self.path}: the index was closed")
+                raise ClosedSourceError(f"I/O operation on a closed source (its index {self.path} was closed)")
             if self._idle:
                 return self._idle.pop()
             replaced = self._replaced and bool(self._all)

@@ -21,7 +21,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from ..errors import InvalidIndexError, StaleIndexError
+from ..errors import InvalidIndexError, OtherOptionsIndexError, StaleIndexError
 from ..tar.scanner import KIND_DIR, KIND_HARDLINK, KIND_SYMLINK, MemberRecord
 from . import dirents, extraction_order
 from .fingerprint import ArchiveStats
@@ -69,6 +69,27 @@ LIST_NAMES_AFTER_SQL = "SELECT name, mode, ino + 1 FROM files WHERE parent = ? A
 INNER_ARCHIVE_RULES = "2"
 
 OPTION_DEFAULTS = {"strip_tar_extension": "0", "inner_archive_rules": "1"}
+#: Build options that are command-line flags, by the flag's name.
+_FLAGS = {"recursive": "-r", "strip_tar_extension": "--strip-tar-extension"}
+
+
+def option_difference(key: str, stored: Optional[str], wanted: str) -> str:
+    """How an index's build option ``key`` differs from the one wanted, in the command line's
+    terms: "without -r, now with -r"."""
+    if key in _FLAGS:
+        flag = _FLAGS[key]
+        return f"{'with' if stored == '1' else 'without'} {flag}, now {'with' if wanted == '1' else 'without'} {flag}"
+    if key == "seek_point_spacing":
+
+        def spacing(value: Optional[str]) -> str:
+            return "the default seek point spacing" if value is None else f"--seek-point-spacing {int(value) / 2**20:g}"
+
+        return f"with {spacing(stored)}, now {spacing(wanted)}"
+    if key == "compression_backend":
+        return f"with the {stored} backend, now {wanted}"
+    # (settings of the index format: an index of another version holds others)
+    return f"by another version of ratarmount: {key} {stored!r}, now {wanted!r}"
+
 
 Row = Tuple[int, bytes, bytes, str, int, int, int, int, int, int, int, bytes, int, Optional[bytes], int, int]
 
@@ -734,7 +755,7 @@ class IndexReader:
                 continue  # one compressed file, or no member was an archive: the same rows either way
             if key in ("strip_tar_extension", "inner_archive_rules") and no_inner:
                 continue  # no archive shown as a folder: no name to strip, no rules applied
-            raise StaleIndexError(f"index was built with {key}={stored!r}, need {value!r}")
+            raise OtherOptionsIndexError(option_difference(key, stored, value))
 
     # --- queries ------------------------------------------------------------------------------
     def lookup(self, parent: bytes, name: bytes) -> Optional[Row]:

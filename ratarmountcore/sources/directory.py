@@ -41,7 +41,7 @@ import threading
 import time
 from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-from ..errors import NotFoundError, RatarmountError, ReplacedFileError
+from ..errors import ClosedSourceError, NotFoundError, RatarmountError, ReplacedFileError
 from ..formats import COMPRESSIONS, TAR_EXTENSION, FormatId, sniff_bytes, stripped_tar_name
 from ..index.locations import INDEX_SUFFIX
 from ..io import forks
@@ -197,7 +197,7 @@ class DirectorySource(MountSource):
         strip = self._strip and shown
         parts = path.strip("/").split("/")
         real: List[str] = []  # the names in the folder (an archive's is NAME.tar when shown as NAME)
-        fd = self._fd
+        fd = self._open_fd()
         try:
             for depth, part in enumerate(parts[:-1]):
                 if self._recursive:
@@ -489,11 +489,18 @@ class DirectorySource(MountSource):
         inner, info = found
         return "/" + shown + (inner if inner != "/" else ""), self._member(relative, source, info, ino & ~INNER_MASK)
 
+    def _open_fd(self) -> int:
+        """The folder's descriptor; ``ClosedSourceError`` once the source is closed (EBADF before)."""
+        fd = self._fd
+        if fd < 0:
+            raise ClosedSourceError(f"I/O operation on a closed source (the folder {self.path})")
+        return fd
+
     def lookup(self, path: str) -> Optional[FileInfo]:
         if self._generation != forks.generation:
             self._renew()
         if path == "/":
-            st = os.fstat(self._fd)
+            st = os.fstat(self._open_fd())
             return FileInfo(
                 mode=st.st_mode, size=0, mtime_ns=st.st_mtime_ns, uid=st.st_uid, gid=st.st_gid,
                 nlink=st.st_nlink, ino=1, locator=FileLocator(""),
@@ -637,7 +644,7 @@ class DirectorySource(MountSource):
 
     def _open_folder(self, relative: str) -> Optional[int]:
         if not relative:
-            return self._fd
+            return self._open_fd()
         resolved = self._resolve("/" + relative, shown=False)
         if resolved is None or resolved.archive is not None:
             return None

@@ -6,6 +6,8 @@ import dataclasses
 import os
 from typing import Sequence, Union
 
+from ..errors import NoSourceError
+from ..index.locations import check_named_folders
 from ..io.host_paths import absolute
 from ..options import OpenOptions
 from .archive import open_archive
@@ -13,6 +15,7 @@ from .base import MountSource
 
 
 def open_source(source: Union[str, Sequence[str]], options: OpenOptions) -> MountSource:
+    check_named_folders(options.index)  # (before anything is made in them, or beside them)
     opened = _open(source, options)
     # How to open it again (``MountSource.__reduce__``), from any working folder, with the index
     # it has now (not rebuilt by every worker that unpickles it).
@@ -39,6 +42,8 @@ def _open(source: Union[str, Sequence[str]], options: OpenOptions) -> MountSourc
     if isinstance(source, (str, os.PathLike)):
         return _open_one(os.fspath(source), options)
     paths = [os.fspath(p) for p in source]
+    if not paths:  # (paths[0] below raised IndexError)
+        raise NoSourceError("no source to open: name an archive or folder, or a non-empty list of them")
     if len(paths) == 1:
         return _open_one(paths[0], options)
     from . import union_cache
