@@ -371,15 +371,21 @@ def _warm_thread(reader: object) -> threading.Thread:
     return warm
 
 
-def test_a_stream_that_fits_the_cache_is_decoded_whole_after_the_first_miss(tmp_path: Path) -> None:
-    archive = tmp_path / "a.tar.gz"
-    members = make_tar_gz(archive, 1500)
+def _indexed(archive: Path) -> OpenOptions:
+    """Options with seek points every 64 KiB, and ``archive``'s index built with them."""
     opts = OpenOptions(
         index=IndexOptions(progress=False),
         compression=CompressionOptions(seek_point_spacing=64 * 1024, parallelization=2),
     )
     with ratarmountcore.open(str(archive), opts):
-        pass  # build the index with its seek points
+        pass
+    return opts
+
+
+def test_a_stream_that_fits_the_cache_is_decoded_whole_after_the_first_miss(tmp_path: Path) -> None:
+    archive = tmp_path / "a.tar.gz"
+    members = make_tar_gz(archive, 1500)
+    opts = _indexed(archive)
     with ratarmountcore.open(str(archive), opts) as src:
         reader = src._reader  # type: ignore[attr-defined]
         names = list(members)
@@ -396,14 +402,15 @@ def test_a_stream_that_fits_the_cache_is_decoded_whole_after_the_first_miss(tmp_
         assert spans.decoded_bytes == reader.size
 
 
+def _two_archives_and_a_small_cache(tmp_path: Path) -> Tuple[Path, Path, Dict[str, bytes], OpenOptions]:
+    """Two .tar.gz of 600 members, the first's members, and options whose cache (512 KiB)
+    cannot hold either stream."""
+    first, second, members, small = _two_archives_and_a_small_cache(tmp_path)
+    return first, second, members, small
+
+
 def test_no_background_decoding_when_the_stream_does_not_fit_or_is_not_alone(tmp_path: Path) -> None:
-    first, second = tmp_path / "a.tar.gz", tmp_path / "b.tar.gz"
-    members = make_tar_gz(first, 600)
-    make_tar_gz(second, 600)
-    small = OpenOptions(
-        index=IndexOptions(progress=False),
-        compression=CompressionOptions(seek_point_spacing=64 * 1024, parallelization=1, cache_size=512 * 1024),
-    )
+    first, second, members, small = _two_archives_and_a_small_cache(tmp_path)
     with ratarmountcore.open(str(first), small) as src:
         names = list(members)
         assert src.read(names[0]) == members[names[0]] and src.read(names[-1]) == members[names[-1]]
@@ -430,12 +437,7 @@ def test_expect_reads_decodes_a_stream_that_fits_before_any_read(tmp_path: Path,
     then, not from the first read's miss on. For bzip2 the span starts come from a decoder."""
     archive = tmp_path / "a.tar"
     members = make(archive, 1500)
-    opts = OpenOptions(
-        index=IndexOptions(progress=False),
-        compression=CompressionOptions(seek_point_spacing=64 * 1024, parallelization=2),
-    )
-    with ratarmountcore.open(str(archive), opts):
-        pass  # build the index with its seek points
+    opts = _indexed(archive)
     with ratarmountcore.open(str(archive), opts) as src:
         reader = src._reader  # type: ignore[attr-defined]
         assert reader._warm is None and reader._spans is None  # (opening decodes nothing)
@@ -454,13 +456,7 @@ def test_expect_reads_decodes_a_stream_that_fits_before_any_read(tmp_path: Path,
 
 
 def test_expect_reads_starts_nothing_for_a_stream_too_large_or_not_alone(tmp_path: Path) -> None:
-    first, second = tmp_path / "a.tar.gz", tmp_path / "b.tar.gz"
-    members = make_tar_gz(first, 600)
-    make_tar_gz(second, 600)
-    small = OpenOptions(
-        index=IndexOptions(progress=False),
-        compression=CompressionOptions(seek_point_spacing=64 * 1024, parallelization=1, cache_size=512 * 1024),
-    )
+    first, second, members, small = _two_archives_and_a_small_cache(tmp_path)
     with ratarmountcore.open(str(first), small):
         pass
     with ratarmountcore.open(str(first), small) as src:
