@@ -405,7 +405,13 @@ def test_a_stream_that_fits_the_cache_is_decoded_whole_after_the_first_miss(tmp_
 def _two_archives_and_a_small_cache(tmp_path: Path) -> Tuple[Path, Path, Dict[str, bytes], OpenOptions]:
     """Two .tar.gz of 600 members, the first's members, and options whose cache (512 KiB)
     cannot hold either stream."""
-    first, second, members, small = _two_archives_and_a_small_cache(tmp_path)
+    first, second = tmp_path / "a.tar.gz", tmp_path / "b.tar.gz"
+    members = make_tar_gz(first, 600)
+    make_tar_gz(second, 600)
+    small = OpenOptions(
+        index=IndexOptions(progress=False),
+        compression=CompressionOptions(seek_point_spacing=64 * 1024, parallelization=1, cache_size=512 * 1024),
+    )
     return first, second, members, small
 
 
