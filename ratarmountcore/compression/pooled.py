@@ -376,7 +376,7 @@ class PooledReader(CompressedReader):
         if size > self.options.cache_size:
             return
         with self._warm_lock:
-            if self._starter is not None:
+            if self._starter is not None or self._closing:  # (close() sets the flag, then looks here)
                 return
             self._starter = threading.Thread(target=self._warm_now, name="ratarmount-warm-start", daemon=True)
             self._starter.start()
