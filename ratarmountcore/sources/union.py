@@ -87,16 +87,19 @@ class UnionLocator(NamedTuple):
     info: FileInfo
 
 
-def _refused(conn: sqlite3.Connection, folders: List[Tuple[bytes, bytes]]) -> List[Tuple[object, ...]]:
-    """Of ``folders`` (parent, name) that a later archive has as a file, link or device, the rows
-    of those that hold something: ``tar -x`` cannot remove a folder that is not empty ("File
-    exists") and leaves it, with what is in it, where it replaces an empty one. They are taken out
-    of ``folders`` (nothing below them is dropped) and returned, to be put back over the later
-    archive's entries."""
+def _refused(
+    conn: sqlite3.Connection, folders: Sequence[Tuple[bytes, bytes]]
+) -> Tuple[List[Tuple[bytes, bytes]], List[Tuple[object, ...]]]:
+    """``folders`` (parent, name) that a later archive has as a file, link or device, split: those
+    it replaces, and the rows of those it cannot. ``tar -x`` cannot remove a folder that holds
+    something ("File exists") and leaves it, with what is in it, where it replaces an empty one:
+    the rows are put back over the later archive's entries, nothing below them is dropped."""
+    replaced: List[Tuple[bytes, bytes]] = []
     kept: List[Tuple[object, ...]] = []
-    for parent, name in list(folders):
-        if conn.execute("SELECT 1 FROM entries WHERE parent = ? LIMIT 1", (join_path(parent, name),)).fetchone():
-            folders.remove((parent, name))
+    for parent, name in folders:
+        if not conn.execute("SELECT 1 FROM entries WHERE parent = ? LIMIT 1", (join_path(parent, name),)).fetchone():
+            replaced.append((parent, name))
+        else:
             kept.extend(
                 conn.execute(
                     "SELECT parent, name, source, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, implied "
@@ -104,7 +107,7 @@ def _refused(conn: sqlite3.Connection, folders: List[Tuple[bytes, bytes]]) -> Li
                     (parent, name),
                 )
             )
-    return kept
+    return replaced, kept
 
 
 def _drop_below(conn: sqlite3.Connection, folders: Sequence[Tuple[bytes, bytes]]) -> None:
@@ -208,6 +211,7 @@ class UnionSource(MountSource):
             "implied INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (parent, name)) WITHOUT ROWID"
         )
         columns = "(parent, name, source, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, implied)"
+        insert_rows = f"INSERT OR REPLACE INTO entries {columns} VALUES ({', '.join('?' * 12)})"
         if self._mutable:
             # Each archive's kind of entry (union_replay: FILE, FOLDER, IMPLIED) at the names some
             # archive has as a folder: what tar -x left there before each source, which lookups
@@ -234,18 +238,19 @@ class UnionSource(MountSource):
                     f"SELECT parent, name, {number}, mode, size, mtime_ns, uid, gid, nlink, {numbered}, rdev, "
                     "offset_header = ? FROM src.files WHERE latest = 1 AND name != x'' AND offset_header"
                 )
-                files_over_folders = conn.execute(
-                    "SELECT e.parent, e.name FROM entries e JOIN src.files f ON f.parent = e.parent AND "
-                    f"f.name = e.name WHERE f.latest = 1 AND f.kind != 'd' AND e.mode & {_S_IFMT} = {stat.S_IFDIR}"
-                ).fetchall()
-                kept = _refused(conn, files_over_folders)
-                _drop_below(conn, files_over_folders)
+                replaced, kept = _refused(
+                    conn,
+                    conn.execute(
+                        "SELECT e.parent, e.name FROM entries e JOIN src.files f ON f.parent = e.parent AND "
+                        f"f.name = e.name WHERE f.latest = 1 AND f.kind != 'd' AND e.mode & {_S_IFMT} = {stat.S_IFDIR}"
+                    ).fetchall(),
+                )
+                _drop_below(conn, replaced)
                 if self._mutable:
                     self._record_kinds(conn, number)
                 # (``implied``: a folder source before this one that has the name wins it.)
                 conn.execute(f"INSERT OR REPLACE INTO entries {columns} {select} != ?", (IMPLICIT, IMPLICIT))
-                if kept:
-                    conn.executemany(f"INSERT OR REPLACE INTO entries {columns} VALUES ({', '.join('?' * 12)})", kept)
+                conn.executemany(insert_rows, kept)
                 conn.execute(f"INSERT OR IGNORE INTO entries {columns} {select} = ?", (IMPLICIT, IMPLICIT))
                 # A folder only implied where an earlier source has a file, link or device: its
                 # members are not the union's (tar -x of one source after the other: "Not a
@@ -265,7 +270,7 @@ class UnionSource(MountSource):
             else:
                 rows: List[Tuple[object, ...]] = []
                 folders = set(conn.execute(f"SELECT parent, name FROM entries WHERE mode & {_S_IFMT} = {stat.S_IFDIR}"))
-                replaced: List[Tuple[bytes, bytes]] = []
+                files_over_folders: List[Tuple[bytes, bytes]] = []
                 for folder, _dirs, _files in source.walk("/"):
                     parent = encode(folder)
                     for row in source.list_stat_rows(folder) or []:
@@ -273,16 +278,13 @@ class UnionSource(MountSource):
                         mtime = mtime_ns if _INT64_MIN <= mtime_ns <= _INT64_MAX else encode_big_int(mtime_ns)
                         rows.append((parent, name, number, mode, size, mtime, uid, gid, nlink, ino, rdev, 0))
                         if not stat.S_ISDIR(mode) and (parent, name) in folders:
-                            replaced.append((parent, name))
-                kept = _refused(conn, replaced)
+                            files_over_folders.append((parent, name))
+                replaced, kept = _refused(conn, files_over_folders)
                 _drop_below(conn, replaced)
                 if self._mutable:
                     self._record_walked_kinds(conn, number, rows)
-                conn.executemany(
-                    f"INSERT OR REPLACE INTO entries {columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
-                )
-                if kept:
-                    conn.executemany(f"INSERT OR REPLACE INTO entries {columns} VALUES ({', '.join('?' * 12)})", kept)
+                conn.executemany(insert_rows, rows)
+                conn.executemany(insert_rows, kept)
         if not self._mutable:  # (with folder sources, folders keep their winners' counts, as lookups give)
             self._count_folder_links(conn)
 

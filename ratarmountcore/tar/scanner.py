@@ -90,6 +90,8 @@ _SIMPLE = frozenset((b"0", b"\0", b"7", b"1", b"2", b"5"))
 #: ``_make_record``): its extraction reads the next block as a header (``tar -t`` skips the size;
 #: extraction decides, found by differential fuzzing in session 31).
 _NO_DATA = frozenset((b"1", b"5"))
+#: Type flags of "regular files", which ``tar -x`` makes folders when their name ends in a slash.
+_FILE_TYPEFLAGS = frozenset((b"0", b"\0", b"7"))
 
 #: The header fields the fast path needs: name, mode, uid, gid, size, mtime, chksum, typeflag,
 #: linkname, magic, (version, uname, gname, devmajor, devminor skipped), prefix.
@@ -469,7 +471,7 @@ class TarScanner:
                 record, data_end = self._make_simple_record(block, pos, size, typeflag)
             else:
                 record, data_end = self._make_record(block, pos, header_start, size, long_name, long_link, pax)
-            if typeflag in _NO_DATA or (record.kind == KIND_DIR and typeflag in (b"0", b"\0", b"7")):
+            if typeflag in _NO_DATA or (record.kind == KIND_DIR and typeflag in _FILE_TYPEFLAGS):
                 data_end = pos + BLOCK  # (whatever the size field says)
             if end is not None and data_end > end:
                 raise TruncatedArchiveError(f"{record.path} ends after the end of the archive ({end} bytes)")
@@ -633,7 +635,7 @@ class TarScanner:
                     local_pax or [], pax, number, sparse, real_size, data_offset, stored_size, raw_name, pos
                 )
 
-        if typeflag in (b"0", b"\0", b"7") and raw_name.endswith(b"/") and raw_name != b"/":
+        if typeflag in _FILE_TYPEFLAGS and raw_name.endswith(b"/") and raw_name != b"/":
             # GNU tar (like BSD tar and v7) extracts a "regular file" whose final name -- after
             # long-name and pax overrides -- ends in a slash as a directory, in every format.
             # Not one named "/" alone: its slash is not a trailing one (gnulib's
