@@ -10,6 +10,7 @@ error message for the parent to print; EOF without the NUL byte means the child 
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import signal
@@ -205,8 +206,45 @@ def run_fuse(
         source.close()
 
 
+#: The FUSE device libfuse opens before it mounts.
+FUSE_DEVICE = "/dev/fuse"
+
+#: What a user without FUSE can do instead (HPC nodes often have none).
+_WITHOUT_FUSE = "without FUSE, the Python API reads the same archives: ratarmountcore.open(ARCHIVE)"
+
+
+def check_fuse_device(fuse_options: Dict[str, Union[str, bool]], device: str = FUSE_DEVICE) -> None:
+    """Fail with the cause when this process cannot open the FUSE device, before an index is
+    built for a mount that cannot happen (a first mount of a large archive can take minutes).
+
+    libfuse opens the device itself and fails when it cannot: it asks the set-user-ID
+    ``fusermount3`` to mount only after the open succeeded and the kernel then refused the mount
+    (checked against libfuse 3.14 as a user with /dev/fuse at mode 0600: "fuse: failed to open
+    /dev/fuse: Permission denied"). With ``auto_unmount`` libfuse leaves the open to
+    ``fusermount3``, which runs as root, so the check is left out then."""
+    if "auto_unmount" in fuse_options:
+        return
+    try:
+        fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENODEV, errno.ENXIO):
+            raise RatarmountError(
+                f"cannot mount: this machine has no FUSE device ({device}: {exc.strerror}); load the fuse "
+                f"module (modprobe fuse) or, in a container, pass the device in; {_WITHOUT_FUSE}"
+            ) from None
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise RatarmountError(
+                f"cannot mount: {device}: permission denied (this machine lets only some users use FUSE; "
+                f"ask its administrators); {_WITHOUT_FUSE}"
+            ) from None
+        raise RatarmountError(f"cannot mount: {device}: {exc.strerror}") from None
+    os.close(fd)
+
+
 def check_binding(options: MountOptions) -> None:
-    """Fail before any index is built when no FUSE library can serve this mount."""
+    """Fail before any index is built when no FUSE library can serve this mount, or when this
+    process may not use FUSE."""
+    check_fuse_device(options.fuse_options)
     if _use_low_level(options):
         return
     from .fuse_compat import IMPORT_ERROR, fuse
@@ -221,6 +259,8 @@ def mount(options: MountOptions) -> int:
     for path in options.sources:
         if not os.path.exists(path):
             raise RatarmountError(f"{path}: no such file or directory")
+        if not os.path.isdir(path) and not os.access(path, os.R_OK):  # (named before FUSE's own checks)
+            raise RatarmountError(f"{path}: permission denied")
     check_named_folders(options.open_options.index)  # (before a mount point is made)
     created = options.create_mountpoint and not os.path.lexists(options.mountpoint)
     if created:

@@ -17,6 +17,8 @@ from typing import Callable, Dict, List, Sequence, Tuple
 import pytest
 from conftest import RATARMOUNT, Mounter, lazy_unmount, requires_fuse, run_ratarmount, stderr_on_terminal, tar_bytes
 
+from ratarmountcore.errors import RatarmountError
+
 
 def make_tar(path: Path, files: Dict[str, bytes]) -> Path:
     with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
@@ -350,6 +352,15 @@ def _check_unreadable(public: Path, original: Path) -> None:
     os.chmod(archive, 0)
     mnt = public / "mnt"
     mnt.mkdir()
+    status, text = _main_as_nobody(public, ["-f", str(archive), str(mnt)])
+    assert status == 1, text
+    assert "Traceback" not in text and len(text.strip().splitlines()) == 1
+    assert "permission denied" in text.lower() and str(archive) in text
+
+
+def _main_as_nobody(public: Path, argv: List[str]) -> Tuple[int, str]:
+    """``ratarmount.cli.main(argv)`` in a forked child that became 'nobody': its exit status and
+    what it wrote to stderr (kept in ``public``, which 'nobody' can write)."""
     err = public / "stderr.txt"
     # The interpreter's own files may be unreadable for 'nobody': import everything first.
     import importlib
@@ -376,7 +387,7 @@ def _check_unreadable(public: Path, original: Path) -> None:
             os.setuid(65534)
             from ratarmount.cli import main
 
-            code = main(["-f", str(archive), str(mnt)])
+            code = main(argv)
         except BaseException:
             import traceback
 
@@ -385,10 +396,48 @@ def _check_unreadable(public: Path, original: Path) -> None:
             sys.stderr.flush()
             os._exit(code)
     _, status = os.waitpid(pid, 0)
-    text = err.read_text()
-    assert os.waitstatus_to_exitcode(status) == 1, text
-    assert "Traceback" not in text and len(text.strip().splitlines()) == 1
-    assert "permission denied" in text.lower() and str(archive) in text
+    return os.waitstatus_to_exitcode(status), err.read_text()
+
+
+def test_missing_fuse_device_is_named(tmp_path: Path) -> None:
+    from ratarmount.mount import check_fuse_device
+
+    missing = tmp_path / "fuse"
+    with pytest.raises(RatarmountError) as info:
+        check_fuse_device({}, str(missing))
+    message = str(info.value)
+    assert "no FUSE device" in message and str(missing) in message and "ratarmountcore.open" in message
+    check_fuse_device({"auto_unmount": True}, str(missing))  # (fusermount3 opens it then, as root)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="drops privileges to be a user the FUSE device refuses")
+@pytest.mark.skipif(
+    not os.path.exists("/dev/fuse") or os.stat("/dev/fuse").st_mode & 0o006 == 0o006,
+    reason="every user may open /dev/fuse here",
+)
+def test_user_without_fuse_is_told_before_an_index_is_built(archive: Path) -> None:
+    """A node where only some users may open /dev/fuse (mode 0600 here): the mount fails at once
+    with the cause, and no index is built for it (the archive's folder is writable)."""
+    import shutil
+    import tempfile
+
+    public = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's tmp_path is private to root
+    try:
+        public.chmod(0o777)
+        copy = public / "data.tar"
+        copy.write_bytes(archive.read_bytes())
+        mnt = public / "mnt"
+        mnt.mkdir()
+        mnt.chmod(0o777)
+        status, text = _main_as_nobody(public, [str(copy), str(mnt)])
+        assert status == 1, text
+        lines = text.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in text, text
+        assert "/dev/fuse: permission denied" in lines[0] and "ratarmountcore.open" in lines[0]
+        assert sorted(p.name for p in public.iterdir()) == ["data.tar", "mnt", "stderr.txt"]
+        assert not os.path.ismount(mnt)
+    finally:
+        shutil.rmtree(public)
 
 
 @requires_fuse
