@@ -2,7 +2,8 @@
 
 Python takes ~40 ms to import the command-line modules. A Ctrl-C in that time raised
 ``KeyboardInterrupt`` out of the import in the console script: a traceback, and an exit by the
-signal, where Ctrl-C a moment later ends the command with one line and status 130.
+signal, where Ctrl-C a moment later ends the command with one line and status 130. The same
+holds for a stop signal anywhere in ``main`` that ``main`` does not report itself.
 """
 
 from __future__ import annotations
@@ -14,14 +15,17 @@ from typing import Optional, Sequence
 
 
 def _run(module: str, program: str, argv: Optional[Sequence[str]]) -> int:
-    from .termination import STOP_SIGNALS, STOPPED_STATUSES  # (light: signals and contextlib)
+    # (light: signals and contextlib)
+    from .termination import STOP_SIGNALS, STOPPED_STATUSES, ended_by, exit_status
 
     try:
-        main = importlib.import_module(module).main
-    except KeyboardInterrupt:
-        print(f"{program}: interrupted", file=sys.stderr)
-        return 128 + signal.SIGINT
-    status: int = main(argv)
+        status: int = importlib.import_module(module).main(argv)
+    except KeyboardInterrupt as interrupt:
+        # Stopped while importing, or where ``main`` catches nothing: parsing the arguments
+        # (Ctrl-C 0.1-0.4 s after ``ratarmount-convert`` started printed a traceback; found by
+        # fuzzing), or between the blocks that report an interruption themselves.
+        print(f"{program}: {ended_by(interrupt)}", file=sys.stderr)
+        status = exit_status(interrupt)
     if status in STOPPED_STATUSES:
         # Ended by a stop signal: another one while Python shuts down (its threads, finalizers)
         # would end it by the default action instead, with another status (found by fuzzing).
