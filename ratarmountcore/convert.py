@@ -30,7 +30,7 @@ from .formats import COMPRESSIONS, FormatId, is_tar_stream, sniff_bytes
 from .index import full_folders
 from .index.fingerprint import ArchiveStats, archive_stats
 from .index.locations import candidate_paths, check_named_folders, folder_writable
-from .index.sqlite_index import IndexWriter, foreign_file
+from .index.sqlite_index import IndexWriter, foreign_file, scan_options
 from .io.readers import PlainFileReader, RandomAccessReader
 from .options import OpenOptions
 from .progress import Progress
@@ -290,8 +290,7 @@ def convert_to_seekable_zstd(
 
         # Must match what sources.archive.open_archive expects for the output, or it rescans.
         build_options = {
-            "format": FormatId.ZSTD.value,
-            "recursive": str(int(options.recursive)),
+            **scan_options(FormatId.ZSTD.value, options.recursive, options.strip_tar_extension),
             **ZstdReader.index_options_for(options.compression),
             "layout": layout,
         }
@@ -326,7 +325,10 @@ def convert_to_seekable_zstd(
             try:
                 try:
                     if layout == "tar":
-                        index_tar(tee, None, rows, src_path, False, options.recursive)
+                        index_tar(
+                            tee, None, rows, src_path, False, options.recursive,
+                            strip_tar_extension=options.recursive and options.strip_tar_extension,
+                        )  # fmt: skip
                     total = tee.drain()
                 except RatarmountError:
                     if compressed is not None:

@@ -721,6 +721,29 @@ def test_converter_output_opens_without_rescan(
         compare_with_tarfile(src, small_tar)
 
 
+@pytest.mark.parametrize("strip", [False, True])
+def test_a_recursive_conversion_opens_recursively_without_rescan(
+    strip: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ratarmount-convert -r`` recorded no inner-archive rules in its index, so the first
+    recursive mount of its output rebuilt the index (found by fuzzing)."""
+    inner = tar_bytes({"a": b"hello\n"})
+    outer = tmp_path / "outer.tar"
+    outer.write_bytes(tar_bytes({"inner.tar": inner, "b": b"x"}))
+    out = tmp_path / "o.tar.zst"
+    recursive = dataclasses.replace(options(), recursive=True, strip_tar_extension=strip)
+    convert_to_seekable_zstd(str(outer), str(out), frame_size=128 * 1024, options=recursive)
+
+    import ratarmountcore.index.builder as builder
+
+    monkeypatch.setattr(builder, "IndexWriter", _no_rebuild)
+    with ratarmountcore.open(str(out), recursive) as src:
+        folder = "/inner" if strip else "/inner.tar"
+        assert sorted(src.listdir("/")) == sorted([folder[1:], "b"])
+        with src.open(folder + "/a") as f:
+            assert f.read() == b"hello\n"
+
+
 def test_converter_single_file_and_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from ratarmount.convert_cli import main
 

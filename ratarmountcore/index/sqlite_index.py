@@ -69,6 +69,23 @@ LIST_NAMES_AFTER_SQL = "SELECT name, mode, ino + 1 FROM files WHERE parent = ? A
 INNER_ARCHIVE_RULES = "2"
 
 OPTION_DEFAULTS = {"strip_tar_extension": "0", "inner_archive_rules": "1"}
+
+
+def scan_options(format_value: str, recursive: bool, strip_tar_extension: bool) -> Dict[str, str]:
+    """The build options an index of a tar records about how it was scanned, as opening the
+    archive checks them (``check_options``): the converter writes the same, or the first mount
+    of its output would rebuild the index it wrote (found by fuzzing: ``ratarmount-convert -r``
+    recorded no inner-archive rules, read as those of before session 22)."""
+    options = {
+        "format": format_value,
+        "recursive": str(int(recursive)),
+        "strip_tar_extension": str(int(recursive and strip_tar_extension)),
+    }
+    if recursive:
+        options["inner_archive_rules"] = INNER_ARCHIVE_RULES
+    return options
+
+
 #: Build options that are command-line flags, by the flag's name.
 _FLAGS = {"recursive": "-r", "strip_tar_extension": "--strip-tar-extension"}
 

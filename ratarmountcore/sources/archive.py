@@ -25,13 +25,13 @@ from ..index.fingerprint import archive_stats
 from ..index.folder_rows import FolderRows
 from ..index.paths import join_path
 from ..index.sqlite_index import (
-    INNER_ARCHIVE_RULES,
     IndexReader,
     IndexWriter,
     Row,
     decode_int,
     encode,
     plain_mtimes,
+    scan_options,
     split_path,
     unpack_sparse,
 )
@@ -446,11 +446,7 @@ def _open_archive(path: str, options: OpenOptions, failed: Mapping[str, str]) ->
         if other is not None:
             raise UnsupportedFormatError(f"{path}: not a tar archive: {other}")
         strip = options.recursive and options.strip_tar_extension
-        build_options = {
-            "format": fmt.value, "recursive": str(int(options.recursive)), "strip_tar_extension": str(int(strip)),
-        }  # fmt: skip
-        if options.recursive:
-            build_options["inner_archive_rules"] = INNER_ARCHIVE_RULES
+        build_options = scan_options(fmt.value, options.recursive, strip)
         if fmt in COMPRESSIONS:
             backend = None
             found = first_valid(path, stats, options.index)
