@@ -302,7 +302,11 @@ def convert_to_seekable_zstd(
             try:
                 writer = IndexWriter(target, late_stats, dst_path, build_options)  # type: ignore[arg-type]
             except (OSError, sqlite3.Error) as exc:
-                logger.warning("Cannot create an index at %s (%s); it will be built on the first mount", target, exc)
+                # As where the disk fills up later: an error, nothing left (a warning and an
+                # output without its index, or two lines where the output did not fit either,
+                # depended on when the disk filled up; found by fuzzing).
+                cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                raise IndexWriteError.of(dst_path, target, cause) from None
         rows: Any = writer if writer is not None else _NullWriter()
 
         # A share of the input where the compressed bytes read tell progress (the first call

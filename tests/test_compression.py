@@ -1371,6 +1371,29 @@ def test_a_conversion_onto_a_full_disk_names_the_output_and_leaves_nothing(
     assert sorted(os.listdir(small_disk)) == ["filler"]
 
 
+def test_an_index_that_cannot_be_made_on_a_full_disk_fails_the_conversion(
+    tmp_path: Path, small_disk: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--index-file`` on a disk too full for SQLite to make the index: one line, status 1,
+    nothing left. It was a warning, exit 0 and an output without its index, where a disk that
+    filled up a moment later failed the conversion (found by fuzzing)."""
+    from conftest import fill_disk
+
+    from ratarmount.convert_cli import main
+
+    source = tmp_path / "data.tar"
+    source.write_bytes(tar_bytes({f"d/f{i}": b"x" * i for i in range(50)}))
+    fill_disk(small_disk, 0)
+    index = small_disk / "x.sqlite"
+    out = tmp_path / "out.tar.zst"
+    assert main([str(source), str(out), "--no-progress", "--index-file", str(index)]) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "Traceback" not in error
+    assert f"{out}: cannot write its index {index}" in error
+    assert sorted(os.listdir(small_disk)) == ["filler"]
+    assert sorted(os.listdir(tmp_path)) == ["data.tar", "disk"]
+
+
 def test_the_converter_names_a_truncated_tar_in_its_error(tmp_path: Path) -> None:
     """As a mount names it (the converter said only "archive ends inside member data ...")."""
     whole = tar_bytes({f"f{i}": os.urandom(100_000) for i in range(3)})
