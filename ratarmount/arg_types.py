@@ -26,6 +26,21 @@ def positive_mib(text: str) -> float:
     return _mib(text, zero=False)
 
 
+#: The smallest frame ``ratarmount-convert`` writes, in MiB (64 KiB): smaller frames read no
+#: faster (a frame of 64 KiB decodes in ~0.1 ms) but compress worse and grow the index (frames of
+#: one byte, from ``--frame-size 0.0000001``, made a 300 KB tar a 4.3 MB file with a 13.6 MB
+#: index: found by fuzzing).
+MIN_FRAME_MIB = 1 / 16
+
+
+def frame_mib(text: str) -> float:
+    """A zstd frame size in MiB, at least ``MIN_FRAME_MIB``."""
+    value = _mib(text, zero=False)
+    if value < MIN_FRAME_MIB:
+        raise argparse.ArgumentTypeError(f"{text!r}: frames of at least {MIN_FRAME_MIB} MiB (64 KiB)")
+    return value
+
+
 def mib(text: str) -> float:
     """A size in MiB, 0 or more."""
     return _mib(text, zero=True)

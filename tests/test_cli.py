@@ -1083,6 +1083,7 @@ def test_sigterm_during_the_first_index_build_leaves_nothing(
         ("--frame-size", "inf"),
         ("--frame-size", "nan"),
         ("--frame-size", "0"),
+        ("--frame-size", "0.0000001"),
     ],
 )
 def test_sizes_and_counts_out_of_range_are_usage_errors(tmp_path: Path, option: str, value: str) -> None:

@@ -32,6 +32,7 @@ PROFILE = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     print_blob=True,
 )
+QUIET = OpenOptions(index=IndexOptions(index_folders=("",), progress=False))
 RECURSIVE = OpenOptions(index=IndexOptions(index_folders=("",), recreate=True, progress=False), recursive=True)
 
 COMPRESSORS = {
@@ -50,14 +51,12 @@ def compress(path: Path, suffix: str) -> Path:
 
 
 def seekable_zstd(path: Path) -> Path:
-    target = path.with_name(f"{path.name}.frames.zst")
-    result = subprocess.run(
-        ["ratarmount-convert", "--frame-size", "4096", str(path), str(target)], capture_output=True, text=True
-    )
-    if result.returncode != 0:  # the console script may not be installed in odd setups
-        from ratarmountcore.convert import convert_to_seekable_zstd
+    """Frames of 4 KiB, so that even small trees span several (the API: the command line takes
+    MiB and no frames below 64 KiB; this called it with 4096, i.e. frames of 4 GiB)."""
+    from ratarmountcore.convert import convert_to_seekable_zstd
 
-        convert_to_seekable_zstd(str(path), str(target), frame_size=4096)
+    target = path.with_name(f"{path.name}.frames.zst")
+    convert_to_seekable_zstd(str(path), str(target), frame_size=4096, options=QUIET)
     return target
 
 
