@@ -295,6 +295,10 @@ def convert_to_seekable_zstd(
             "layout": layout,
         }
         late_stats = _LateStats()
+        try:  # (first: an output that cannot be written at all is the error to report)
+            out_file = open(temp_path, "wb")  # noqa: SIM115 - closed by the with below
+        except OSError as exc:  # (named as the user named it, not by the temporary name)
+            raise RatarmountError(f"{dst_path}: cannot write ({exc.strerror})") from None
         target = _index_target(dst_path, options)
         if target is None:
             logger.warning("%s: no writable place for its index; it will be built on the first mount", dst_path)
@@ -305,6 +309,7 @@ def convert_to_seekable_zstd(
                 # As where the disk fills up later: an error, nothing left (a warning and an
                 # output without its index, or two lines where the output did not fit either,
                 # depended on when the disk filled up; found by fuzzing).
+                out_file.close()
                 cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
                 raise IndexWriteError.of(dst_path, target, cause) from None
         rows: Any = writer if writer is not None else _NullWriter()
@@ -319,10 +324,6 @@ def convert_to_seekable_zstd(
         def on_pull(position: int) -> None:
             bar.update(min(read() or 0, plain.size) if read is not None else position)
 
-        try:
-            out_file = open(temp_path, "wb")  # noqa: SIM115 - closed by the with below
-        except OSError as exc:  # (named as the user named it, not by the temporary name)
-            raise RatarmountError(f"{dst_path}: cannot write ({exc.strerror})") from None
         with out_file as out:
             frames = FrameWriter(out, frame_size, level, options.compression.threads())
             tee = TeeReader(source, frames.write, on_pull)
