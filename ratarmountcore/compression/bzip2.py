@@ -81,8 +81,8 @@ class Bzip2Reader(PooledReader):
         #: (8 KiB) and 20-27 s each through a mount (128 KiB), a 3 MB file 2 minutes (found
         #: by fuzzing).
         self._damaged = False
-        #: Blocks found damaged, by bit offset: their error, raised again without decoding.
-        self._bad: Dict[int, CorruptDataError] = {}
+        #: Blocks found damaged, by bit offset: their error's message, raised again without decoding.
+        self._bad: Dict[int, str] = {}
         #: The block decoded alone last (bit offset, bytes): reads in order without a span cache.
         self._last_block: Optional[Tuple[int, bytes]] = None
 
@@ -144,14 +144,14 @@ class Bzip2Reader(PooledReader):
         """``_decode_block``, remembering the damaged blocks and the last one decoded."""
         bad = self._bad.get(bit)
         if bad is not None:
-            raise bad
+            raise CorruptDataError(bad)  # (a new one: raised again, one would grow its traceback)
         last = self._last_block
         if last is not None and last[0] == bit:
             return last[1]
         try:
             data = self._decode_block(bit, next_bit, size)
         except CorruptDataError as exc:
-            self._bad[bit] = exc
+            self._bad[bit] = str(exc)
             raise
         self._last_block = (bit, data)
         return data

@@ -40,7 +40,7 @@ from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, Dict, List, Optional, Set, Tuple, Union
 
-from ..errors import CorruptDataError, InvalidIndexError
+from ..errors import ArchiveChangedError, CorruptDataError, InvalidIndexError
 from ..io import forks
 from ..options import CompressionOptions
 from .base import CompressedReader, PlainFile, SeekPointSource, SeekPointWriter, pack_seek_points
@@ -259,6 +259,10 @@ class FramedReader(CompressedReader):
         #: made at the first such read, when the frame sizes are known.
         self._partial_cursors: Optional[InstancePool[_Cursor]] = None
         self._verified: Set[int] = set()
+        #: Frames read whole that failed their checks: the error, raised again without decoding
+        #: (each read of a member in a damaged 12 MB xz block decoded the block again, ~1 s, so
+        #: reading all of them through a mount took 1-2 minutes; found by fuzzing).
+        self._damaged: Dict[int, str] = {}
         #: The largest frame this reader caches whole (0: none).
         self._largest_cached = 0
         #: Frames decoded ahead for a sequential reader (see the module docstring).
@@ -566,8 +570,19 @@ class FramedReader(CompressedReader):
                 self._ahead[frame] = self._executor.submit(self._decode_checked, frame, table)
 
     def _cached_frame(self, frame: int, table: FrameTable) -> FrameData:
+        try:
+            return self._cached_frame_once(frame, table)
+        except CorruptDataError as exc:
+            if not isinstance(exc, ArchiveChangedError):
+                self._damaged[frame] = str(exc)
+            raise
+
+    def _cached_frame_once(self, frame: int, table: FrameTable) -> FrameData:
         key = (self._token, frame)
         while True:
+            damaged = self._damaged.get(frame)
+            if damaged is not None:
+                raise CorruptDataError(damaged)  # (a new one: raised again, one would grow its traceback)
             data = FRAME_CACHE.get(key)
             if data is not None:
                 return data
