@@ -20,12 +20,19 @@ import threading
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable, Deque, List, Optional, Tuple
+from typing import Any, BinaryIO, Callable, Deque, Dict, List, Optional, Tuple
 
 from .compression.base import CompressedReader
 from .compression.frame_crcs import FrameCrcs, crcs_of
 from .compression.framed import FrameTable
-from .errors import ArchiveError, IndexWriteError, NotFoundError, RatarmountError, UnsupportedFormatError
+from .errors import (
+    ArchiveError,
+    IndexNotWritableError,
+    IndexWriteError,
+    NotFoundError,
+    RatarmountError,
+    UnsupportedFormatError,
+)
 from .formats import COMPRESSIONS, FormatId, is_tar_stream, sniff_bytes
 from .index import full_folders
 from .index.fingerprint import ArchiveStats, archive_stats
@@ -35,7 +42,6 @@ from .io.readers import PlainFileReader, RandomAccessReader
 from .options import OpenOptions
 from .progress import Progress
 from .tar.sample import tell_member_size
-from .tar.scanner import MemberRecord
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +53,7 @@ _PULL = 1024 * 1024
 @dataclass(frozen=True)
 class ConversionResult:
     path: str
-    index_path: Optional[str]
+    index_path: str
     layout: str  # "tar" or "single_file"
     frames: int
     decompressed_size: int
@@ -64,16 +70,6 @@ class _LateStats:
 
     def fill(self, stats: ArchiveStats) -> None:
         self.size, self.mtime_ns, self.fingerprint = stats.size, stats.mtime_ns, stats.fingerprint
-
-
-class _NullWriter:
-    """Takes the rows when no index can be written anywhere."""
-
-    def add(self, record: MemberRecord, source: int = 0) -> int:
-        return 0
-
-    def put_seek_points(self, backend: str, parts: Any) -> None:
-        pass
 
 
 class FrameWriter:
@@ -218,13 +214,27 @@ class TeeReader:
         pass
 
 
-def _index_target(dst_path: str, options: OpenOptions) -> Optional[str]:
+def _index_writer(dst_path: str, options: OpenOptions, stats: Any, build_options: Dict[str, str]) -> IndexWriter:
+    """A writer of the output's index at the first place it can be made, tried in the order a
+    mount tries them. Where none can be, the conversion fails as a first mount would, naming
+    every place and why (it wrote the output without its index, with a warning, or failed where
+    the first place could not be made although the next could: found by fuzzing)."""
+    causes: Dict[str, str] = {}
     for target in candidate_paths(dst_path, options.index):
         if foreign_file(target):
-            continue  # another program's file: never overwritten
-        if folder_writable(target):
-            return target
-    return None
+            causes[target] = "not an index of ours, perhaps another program's, left alone"
+        elif not folder_writable(target):
+            causes[target] = "its folder cannot be written"
+        else:
+            try:
+                return IndexWriter(target, stats, dst_path, build_options)  # type: ignore[arg-type]
+            except (OSError, sqlite3.Error) as exc:
+                causes[target] = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    tried = ", ".join(f"{path} ({cause})" for path, cause in causes.items())
+    raise IndexNotWritableError(
+        f"{dst_path}: cannot write an index to any of {tried}; "
+        "use --index-file or --index-folders to name a writable place"
+    )
 
 
 def convert_to_seekable_zstd(
@@ -299,20 +309,11 @@ def convert_to_seekable_zstd(
             out_file = open(temp_path, "wb")  # noqa: SIM115 - closed by the with below
         except OSError as exc:  # (named as the user named it, not by the temporary name)
             raise RatarmountError(f"{dst_path}: cannot write ({exc.strerror})") from None
-        target = _index_target(dst_path, options)
-        if target is None:
-            logger.warning("%s: no writable place for its index; it will be built on the first mount", dst_path)
-        else:
-            try:
-                writer = IndexWriter(target, late_stats, dst_path, build_options)  # type: ignore[arg-type]
-            except (OSError, sqlite3.Error) as exc:
-                # As where the disk fills up later: an error, nothing left (a warning and an
-                # output without its index, or two lines where the output did not fit either,
-                # depended on when the disk filled up; found by fuzzing).
-                out_file.close()
-                cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-                raise IndexWriteError.of(dst_path, target, cause) from None
-        rows: Any = writer if writer is not None else _NullWriter()
+        try:
+            writer = _index_writer(dst_path, options, late_stats, build_options)
+        except IndexNotWritableError:
+            out_file.close()
+            raise
 
         # A share of the input where the compressed bytes read tell progress (the first call
         # starts the count), else the decompressed bytes so far (bzip2).
@@ -331,7 +332,7 @@ def convert_to_seekable_zstd(
                 try:
                     if layout == "tar":
                         index_tar(
-                            tee, None, rows, src_path, False, options.recursive,
+                            tee, None, writer, src_path, False, options.recursive,
                             strip_tar_extension=options.recursive and options.strip_tar_extension,
                         )  # fmt: skip
                     total = tee.drain()
@@ -353,18 +354,15 @@ def convert_to_seekable_zstd(
         late_stats.fill(stats)
         owner = (st.st_uid, st.st_gid)
         if layout == "single_file":
-            rows.add(single_file_record(decompressed_name(dst_path), total, st.st_mode, stats, owner))
-        rows.put_seek_points(ZstdReader.backend_name, ZstdReader.seek_point_blobs(table, stats.size))
-        rows.put_seek_points(ZstdReader.crc_table_name(), frames.crcs.parts(len(table)))
-        index_path = None
-        if writer is not None:  # (before the output is in place: a failure leaves neither)
-            writer.commit(stats.mtime_ns, *owner)
-            index_path = writer.final_path
+            writer.add(single_file_record(decompressed_name(dst_path), total, st.st_mode, stats, owner))
+        writer.put_seek_points(ZstdReader.backend_name, ZstdReader.seek_point_blobs(table, stats.size))
+        writer.put_seek_points(ZstdReader.crc_table_name(), frames.crcs.parts(len(table)))
+        writer.commit(stats.mtime_ns, *owner)  # (before the output is in place: a failure leaves neither)
+        index_path = writer.final_path
         try:
             os.replace(temp_path, dst_path)
         except BaseException:
-            if index_path is not None:
-                os.unlink(index_path)
+            os.unlink(index_path)
             raise
         logger.info(
             "Wrote %s: %d frames, %d -> %d bytes%s",
@@ -372,7 +370,7 @@ def convert_to_seekable_zstd(
             len(table),
             total,
             stats.size,
-            f", index {index_path}" if index_path else "",
+            f", index {index_path}",
         )
         return ConversionResult(dst_path, index_path, layout, len(table), total, stats.size)
     except BaseException as exc:

@@ -1470,7 +1470,8 @@ def test_an_index_that_cannot_be_made_on_a_full_disk_fails_the_conversion(
 ) -> None:
     """``--index-file`` on a disk too full for SQLite to make the index: one line, status 1,
     nothing left. It was a warning, exit 0 and an output without its index, where a disk that
-    filled up a moment later failed the conversion (found by fuzzing)."""
+    filled up a moment later failed the conversion (found by fuzzing). A folder that cannot be
+    written is refused the same way, as a first mount refuses it."""
     from conftest import fill_disk
 
     from ratarmount.convert_cli import main
@@ -1483,8 +1484,16 @@ def test_an_index_that_cannot_be_made_on_a_full_disk_fails_the_conversion(
     assert main([str(source), str(out), "--no-progress", "--index-file", str(index)]) == 1
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "Traceback" not in error
-    assert f"{out}: cannot write its index {index}" in error
+    assert f"{out}: cannot write an index to any of {index} (database or disk is full)" in error
     assert sorted(os.listdir(small_disk)) == ["filler"]
+    assert sorted(os.listdir(tmp_path)) == ["data.tar", "disk"]
+
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    index = small_disk / "y.sqlite"
+    assert main([str(source), str(out), "--no-progress", "--index-file", str(index)]) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "Traceback" not in error
+    assert f"{out}: cannot write an index to any of {index} (its folder cannot be written)" in error
     assert sorted(os.listdir(tmp_path)) == ["data.tar", "disk"]
 
 
