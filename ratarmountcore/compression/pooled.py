@@ -363,7 +363,7 @@ class PooledReader(CompressedReader):
             logger.debug("%s: decoding all %d bytes into the span cache in the background", self.path, size)
             # Started under the lock: close() takes it to find the thread to join, and joining
             # one not yet started raised RuntimeError (a read's miss started it as the source
-            # closed: 1 in ~800 runs of the span-cache tests under load).
+            # closed: seen once, in a run of the whole test suite under load).
             thread.start()
 
     def decode_ahead(self) -> None:
