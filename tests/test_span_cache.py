@@ -366,7 +366,8 @@ def test_span_misses_use_single_threaded_decoders_and_large_reads_parallel_ones(
 
 
 def _warm_thread(reader: object) -> threading.Thread:
-    warm = reader._warm  # type: ignore[attr-defined]
+    with reader._warm_lock:  # type: ignore[attr-defined]  # (under which the thread is started)
+        warm = reader._warm  # type: ignore[attr-defined]
     assert isinstance(warm, threading.Thread), f"no background decoding ({warm!r})"
     return warm
 

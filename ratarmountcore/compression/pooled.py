@@ -374,9 +374,14 @@ class PooledReader(CompressedReader):
         # with less CPU (misses no longer decode parts of spans that the whole-stream decoding
         # then decodes again).
         size = self._size
-        if self._warm is not None or self._closing or size is None or self._payload_loader is None or len(_OPEN) > 1:
-            return  # (``_start_warm`` says why not)
-        if size > self.options.cache_size:
+        if self._warm is not None or self._closing or size is None or self._payload_loader is None:
+            return
+        if len(_OPEN) > 1 or size > self.options.cache_size:
+            logger.debug(
+                "%s: not decoded ahead (%s)",
+                self.path,
+                f"{len(_OPEN)} compressed readers open" if len(_OPEN) > 1 else f"{size} bytes, more than the cache",
+            )
             return
         with self._warm_lock:
             if self._starter is not None or self._closing:  # (close() sets the flag, then looks here)
