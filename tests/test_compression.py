@@ -431,6 +431,20 @@ def test_bzip2_bit_rot_after_indexing_never_gives_wrong_bytes(small_tar: Path, t
     assert errors > 0
 
 
+def zero_16_bytes_unsampled(archive: Path) -> None:
+    """Damage after indexing that the archive's fingerprint does not see: 16 zero bytes in the
+    middle of the file, between two of its sampled parts, with the size and mtime kept."""
+    from ratarmountcore.index.fingerprint import SAMPLE, SAMPLES
+
+    raw = bytearray(archive.read_bytes())
+    step = (len(raw) - SAMPLE) // (SAMPLES - 1)
+    middle = step * (SAMPLES // 2) + SAMPLE + (step - SAMPLE) // 2
+    raw[middle : middle + 16] = bytes(16)
+    mtime = archive.stat().st_mtime_ns
+    archive.write_bytes(bytes(raw))
+    os.utime(archive, ns=(mtime, mtime))
+
+
 @pytest.mark.parametrize("cache_size", [0, 32])
 def test_reads_beside_a_damaged_bzip2_block_decode_each_block_once(tmp_path: Path, cache_size: int) -> None:
     """After indexing, one bzip2 block of a large member is damaged. The parallel decoder failed
@@ -440,7 +454,6 @@ def test_reads_beside_a_damaged_bzip2_block_decode_each_block_once(tmp_path: Pat
     block is decoded once (kept in the span cache, or the last one without a cache) and a
     damaged one fails at once. Counted by the block decodes, not by time."""
     from ratarmountcore.compression.bzip2 import Bzip2Reader
-    from ratarmountcore.index.fingerprint import SAMPLE, SAMPLES
 
     rng = random.Random(7)
     data = b"".join(
@@ -455,12 +468,7 @@ def test_reads_beside_a_damaged_bzip2_block_decode_each_block_once(tmp_path: Pat
     opts = dataclasses.replace(options(), compression=CompressionOptions(cache_size=cache_size))
     with ratarmountcore.open(str(archive), opts) as source:
         assert source.read("/big") == data  # (the index, built intact)
-    raw = bytearray(archive.read_bytes())
-    step = (len(raw) - SAMPLE) // (SAMPLES - 1)
-    middle = step * (SAMPLES // 2) + SAMPLE + (step - SAMPLE) // 2  # (between two sampled parts)
-    raw[middle : middle + 16] = bytes(16)
-    archive.write_bytes(bytes(raw))
-    os.utime(archive, ns=(10**18, 10**18))
+    zero_16_bytes_unsampled(archive)
 
     decodes: List[int] = []
     original = Bzip2Reader._decode_block
@@ -489,7 +497,6 @@ def test_a_damaged_frame_read_whole_is_decoded_once(tmp_path: Path, codec: str) 
     them all through a mount; found by fuzzing). A frame that failed its checks now fails at
     once. Counted by the frame decodes, not by time."""
     from ratarmountcore.compression.framed import FramedReader
-    from ratarmountcore.index.fingerprint import SAMPLE, SAMPLES
 
     rng = random.Random(11)
     members = {f"d/f{i:04}": rng.randbytes(rng.randint(500, 3000)).hex().encode() for i in range(800)}
@@ -504,12 +511,7 @@ def test_a_damaged_frame_read_whole_is_decoded_once(tmp_path: Path, codec: str) 
         os.unlink(f"{archive}.index.sqlite")  # (indexed below, as the xz file is)
     os.utime(archive, ns=(10**18, 10**18))
     assert read_everything(archive, members) == (len(members), 0)  # (the index, built intact)
-    raw = bytearray(archive.read_bytes())
-    step = (len(raw) - SAMPLE) // (SAMPLES - 1)
-    middle = step * (SAMPLES // 2) + SAMPLE + (step - SAMPLE) // 2  # (between two sampled parts)
-    raw[middle : middle + 16] = bytes(16)
-    archive.write_bytes(bytes(raw))
-    os.utime(archive, ns=(10**18, 10**18))
+    zero_16_bytes_unsampled(archive)
 
     decodes: List[int] = []
     original = FramedReader._decode_checked
