@@ -356,6 +356,10 @@ class PooledReader(CompressedReader):
             spans = self._spans
             size = self._size
             if spans is None or size is None or size > spans.capacity or len(_OPEN) > 1 or self._closing:
+                logger.debug(
+                    "%s: not decoded whole (spans %s, size %s, %d compressed readers open, closing: %s)",
+                    self.path, spans is not None, size, len(_OPEN), self._closing,
+                )  # fmt: skip
                 self._warm = False
                 return
             thread = threading.Thread(target=self._warm_all, args=(spans, size), name="ratarmount-warm", daemon=True)
@@ -395,6 +399,8 @@ class PooledReader(CompressedReader):
                 self.pread(0, 1)  # the span starts come from a span decoder (bzip2): make one
             if self._spans is not None:
                 self._start_warm()
+            else:
+                logger.debug("%s: not decoded ahead (no span starts known)", self.path)
         except Exception as exc:  # noqa: BLE001 - a hint: reads decode what they need themselves
             logger.debug("%s: no decoding ahead: %s", self.path, exc)
 
