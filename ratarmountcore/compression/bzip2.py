@@ -75,6 +75,8 @@ class Bzip2Reader(PooledReader):
         super().__init__(*args, **kwargs)
         #: (bit offset, decompressed offset) of every block and end marker, from the index.
         self._blocks: Optional[List[Tuple[int, int]]] = None
+        #: Their decompressed offsets, for bisecting.
+        self._block_starts: Optional[List[int]] = None
         #: Set once a read met a damaged block: from then on every read goes block by block.
         #: The parallel decoder fails each read whose look-ahead reaches the damaged block, and
         #: was made anew for the next: reads of intact bytes beside the damage took ~1 s each
@@ -88,7 +90,7 @@ class Bzip2Reader(PooledReader):
 
     def pread(self, offset: int, size: int) -> bytes:
         if self._damaged:
-            return self._block_by_block(None, offset, size)
+            return self._read_blocks(offset, size)
         try:
             return super().pread(offset, size)
         except CorruptDataError as exc:
@@ -96,7 +98,7 @@ class Bzip2Reader(PooledReader):
 
     def preadinto(self, offset: int, view: memoryview) -> int:
         if self._damaged:
-            data = self._block_by_block(None, offset, len(view))
+            data = self._read_blocks(offset, len(view))
         else:
             try:
                 return super().preadinto(offset, view)
@@ -105,18 +107,21 @@ class Bzip2Reader(PooledReader):
         view[: len(data)] = data
         return len(data)
 
-    def _block_by_block(self, exc: Optional[CorruptDataError], offset: int, size: int) -> bytes:
-        """The read that failed with ``exc`` (None: a read after one did), redone one block at a
-        time (see the module's docstring) through the span cache where it serves the read;
-        raises ``exc`` again where there is nothing to redo it with."""
-        blocks = self._block_table()
-        if self._size is None or blocks is None or isinstance(exc, ArchiveChangedError):
-            if exc is None:
-                raise CorruptDataError(f"{self.path}: corrupt bzip2 data")
+    def _block_by_block(self, exc: CorruptDataError, offset: int, size: int) -> bytes:
+        """The read that failed with ``exc``, redone one block at a time (see the module's
+        docstring), as every read after it is; raises ``exc`` again where there is nothing to
+        redo it with."""
+        if self._size is None or self._block_table() is None or isinstance(exc, ArchiveChangedError):
             raise exc
         if not self._damaged:
             logger.debug("%s: a read failed (%s); reading block by block from now on", self.path, exc)
             self._damaged = True
+        return self._read_blocks(offset, size)
+
+    def _read_blocks(self, offset: int, size: int) -> bytes:
+        """``pread`` once damage was met: block by block, through the span cache where it serves
+        the read (the size and the block table are known by then)."""
+        assert self._size is not None
         end = min(offset + size, self._size)
         if end <= offset:
             return b""
@@ -128,9 +133,8 @@ class Bzip2Reader(PooledReader):
     def _decode_range(self, offset: int, end: int) -> bytes:
         """Decompressed bytes ``[offset, end)``, each block they touch decoded alone."""
         blocks = self._block_table()
-        assert blocks is not None
-        starts = [decompressed for _bit, decompressed in blocks]
-        first = max(0, bisect.bisect_right(starts, offset) - 1)
+        assert blocks is not None and self._block_starts is not None
+        first = max(0, bisect.bisect_right(self._block_starts, offset) - 1)
         pieces = []
         for (bit, start), (next_bit, stop) in zip(blocks[first:], blocks[first + 1 :]):
             if start >= end:
@@ -158,7 +162,9 @@ class Bzip2Reader(PooledReader):
 
     def _block_table(self) -> Optional[List[Tuple[int, int]]]:
         if self._blocks is None and self._payload_loader is not None:
-            self._blocks = sorted(unpack_offsets(self._payload_loader()).items())
+            blocks = sorted(unpack_offsets(self._payload_loader()).items())
+            self._block_starts = [decompressed for _bit, decompressed in blocks]  # (once, not per read)
+            self._blocks = blocks
         return self._blocks
 
     def _decode_block(self, bit: int, next_bit: int, size: int) -> bytes:
