@@ -379,6 +379,11 @@ class PooledReader(CompressedReader):
         # then decodes again).
         size = self._size
         if self._warm is not None or self._closing or size is None or self._payload_loader is None:
+            logger.debug(
+                "%s: not decoded ahead (decoding %s, closing: %s, size %s, seek points stored: %s)",
+                self.path, "refused" if self._warm is False else "started" if self._warm else "not begun",
+                self._closing, size, self._payload_loader is not None,
+            )  # fmt: skip
             return
         if len(_OPEN) > 1 or size > self.options.cache_size:
             logger.debug(
@@ -389,6 +394,7 @@ class PooledReader(CompressedReader):
             return
         with self._warm_lock:
             if self._starter is not None or self._closing:  # (close() sets the flag, then looks here)
+                logger.debug("%s: not decoded ahead (asked before: %s)", self.path, self._starter is not None)
                 return
             self._starter = threading.Thread(target=self._warm_now, name="ratarmount-warm-start", daemon=True)
             self._starter.start()
