@@ -33,6 +33,7 @@ from .capabilities import (
 )
 from .errnos import errno_of
 from .lowlevel_ops import LowLevelOperations
+from .read_handoff import ReadHandOff
 from .session_loop import run_loop, signals_deferred, stop_signals
 from .workers import LOOP_OPTIONS
 
@@ -251,6 +252,8 @@ class LowLevelFuse:
         #: its answer to FUSE_INIT, see ``parallel_dirops.py``).
         self._libfuse_asks_parallel_dirops = parallel_dirops.libfuse_passes_it(library_version() or "")
         self.idle_threads = idle_threads
+        #: READs answered off the workers once they would all be reading (``read_handoff.py``).
+        self.reads = ReadHandOff(max_threads, max(2, max_threads))
         self._pinned: Set[int] = set()
         self._local = threading.local()
         self._callbacks: List[Any] = []
@@ -374,14 +377,22 @@ class LowLevelFuse:
             except BaseException as exc:  # noqa: BLE001
                 fail(req, exc, f"open of node {node}")
 
+        reads = self.reads
+
         def read(req: int, node: int, size: int, offset: int, fi: Any) -> None:
             pin()
-            try:
-                data, address = self._buffer(size)
-                count = ops.read(node, fi.contents.fh, offset, memoryview(data)[:size])
-                (lib.fuse_reply_buf_released if count >= RELEASED_REPLY else lib.fuse_reply_buf)(req, address, count)
-            except BaseException as exc:  # noqa: BLE001
-                fail(req, exc, f"read of node {node}")
+            handle = fi.contents.fh  # (``fi`` is gone once this callback returns)
+
+            def answer() -> None:
+                try:
+                    data, address = self._buffer(size)
+                    count = ops.read(node, handle, offset, memoryview(data)[:size])
+                    reply_buf = lib.fuse_reply_buf_released if count >= RELEASED_REPLY else lib.fuse_reply_buf
+                    reply_buf(req, address, count)
+                except BaseException as exc:  # noqa: BLE001
+                    fail(req, exc, f"read of node {node}")
+
+            reads.run(answer)
 
         def release(req: int, _node: int, fi: Any) -> None:
             pin()
@@ -467,6 +478,7 @@ class LowLevelFuse:
             try:
                 self._mounted_loop(session, mountpoint)
             finally:
+                self.reads.close()
                 with signals_deferred():  # (libfuse calls ``destroy`` from here)
                     lib.fuse_session_destroy(session)
 

@@ -231,7 +231,7 @@ def test_forget_multi_glue_hands_the_pairs_over(ops: LowLevelOperations) -> None
     lookup(ops, ROOT_ID, b"top.versions")
     glue = lowlevel.LowLevelFuse.__new__(lowlevel.LowLevelFuse)
     glue.lib, glue.ops, glue._pinned, glue._callbacks = _RecordingLib(), ops, set(), []
-    glue._local = None
+    glue._local, glue.reads = None, lowlevel.ReadHandOff(2, 2)
     table = glue._build_table()
     forget_multi = lowlevel.FORGET_MULTI(table.forget_multi)
     pairs = (lowlevel.ForgetData * 3)(
@@ -263,7 +263,7 @@ def test_lookup_glue_replies_before_the_hint_to_read_ahead(tmp_path: Path) -> No
         source.will_read = will_read  # type: ignore[method-assign]
         glue = lowlevel.LowLevelFuse.__new__(lowlevel.LowLevelFuse)
         glue.lib, glue.ops, glue._pinned, glue._callbacks = recording, ops, set(), []
-        glue._local = None
+        glue._local, glue.reads = None, lowlevel.ReadHandOff(2, 2)
         callback = lowlevel.LOOKUP(glue._build_table().lookup)
         a = lookup(ops, ROOT_ID, b"a")[0]
         callback(None, a, b"f0")  # a random open: folder, then file
