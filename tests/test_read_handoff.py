@@ -8,6 +8,7 @@ import os
 import random
 import tarfile
 import threading
+import time
 from pathlib import Path
 from typing import Dict, List
 
@@ -27,8 +28,10 @@ def test_a_read_that_would_take_the_last_free_worker_is_answered_by_the_pool() -
 
     first = threading.Thread(target=reads.run, args=(lambda: answer("first"),))
     first.start()  # (runs on this "worker" and waits there)
-    while not reads._inline:  # type: ignore[attr-defined]
-        pass
+    deadline = time.monotonic() + 30
+    while not reads._inline and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        time.sleep(0.001)
+    assert reads._inline == 1  # type: ignore[attr-defined]
     # The second and third calls come while one of the two workers is reading: they return at
     # once (the worker is free for the next request), their answers wait in the pool.
     reads.run(lambda: answer("second"))
