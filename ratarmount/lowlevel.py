@@ -379,20 +379,18 @@ class LowLevelFuse:
 
         reads = self.reads
 
+        def answer_read(req: int, node: int, size: int, offset: int, handle: int) -> None:
+            try:
+                data, address = self._buffer(size)
+                count = ops.read(node, handle, offset, memoryview(data)[:size])
+                (lib.fuse_reply_buf_released if count >= RELEASED_REPLY else lib.fuse_reply_buf)(req, address, count)
+            except BaseException as exc:  # noqa: BLE001
+                fail(req, exc, f"read of node {node}")
+
         def read(req: int, node: int, size: int, offset: int, fi: Any) -> None:
             pin()
-            handle = fi.contents.fh  # (``fi`` is gone once this callback returns)
-
-            def answer() -> None:
-                try:
-                    data, address = self._buffer(size)
-                    count = ops.read(node, handle, offset, memoryview(data)[:size])
-                    reply_buf = lib.fuse_reply_buf_released if count >= RELEASED_REPLY else lib.fuse_reply_buf
-                    reply_buf(req, address, count)
-                except BaseException as exc:  # noqa: BLE001
-                    fail(req, exc, f"read of node {node}")
-
-            reads.run(answer)
+            # (the handle is read here: ``fi`` is gone once this callback returns)
+            reads.run(answer_read, req, node, size, offset, fi.contents.fh)
 
         def release(req: int, _node: int, fi: Any) -> None:
             pin()

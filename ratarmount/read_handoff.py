@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -35,8 +35,9 @@ class ReadHandOff:
         self._executor: Optional[ThreadPoolExecutor] = None
         self.handed_off = 0  #: answers run by the pool so far (for tests and the debug log)
 
-    def run(self, answer: Callable[[], None]) -> None:
-        """Run ``answer`` (which replies to its request and raises nothing) here or in the pool."""
+    def run(self, answer: Callable[..., None], *args: Any) -> None:
+        """Run ``answer(*args)`` (which replies to its request and raises nothing) here or in
+        the pool."""
         with self._lock:
             inline = self._inline < self._inline_max
             if inline:
@@ -45,10 +46,10 @@ class ReadHandOff:
                 self.handed_off += 1
                 executor = self._executor or self._make_executor()
         if not inline:
-            executor.submit(answer)
+            executor.submit(answer, *args)
             return
         try:
-            answer()
+            answer(*args)
         finally:
             with self._lock:
                 self._inline -= 1
