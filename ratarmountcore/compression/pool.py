@@ -8,7 +8,10 @@ condition variable:
 
 * an idle instance already positioned at the requested offset is preferred (sequential reads of a
   member continue without seeking), then the one closest behind it, then any;
-* when all are busy and the limit is reached, callers wait;
+* when all are busy and the limit is reached, callers wait, and are served in the order they
+  came: a use that gives its instance back and asks again at once queues behind the waiters
+  (before, it took the instance back before a woken waiter ran: with 4 threads reading whole
+  7-12 MiB members of a shared ``.tar.bz2``, a 1-byte read of a small member waited up to 11.7 s);
 * an instance whose use raised is closed rather than returned (its state is unknown).
 
 Memory stays bounded per pool (``max_instances``) and per process: across all pools at most
@@ -40,7 +43,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Deque, Dict, Generic, Iterator, List, Optional, Tuple, TypeVar
 
 from ..io import (
     forks,
@@ -138,6 +141,8 @@ class InstancePool(Generic[T]):
         self._arriving: Dict[int, int] = {}
         self._live = 0
         self._closed = False
+        #: Tickets of the uses waiting for an instance, oldest first.
+        self._queue: Deque[object] = collections.deque()
         #: Where the offsets the instances move in end (a frame's or file's size), for choosing
         #: which instance to rewind (``_least_useful``); None: unknown.
         self.extent: Optional[int] = None
@@ -252,19 +257,30 @@ class InstancePool(Generic[T]):
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            while True:
-                if self._closed:
-                    raise ValueError("I/O operation on a closed compressed file")
-                if self._forking:
+            ticket: Optional[object] = None
+            try:
+                while True:
+                    if self._closed:
+                        raise ValueError("I/O operation on a closed compressed file")
+                    if self._forking:
+                        self._cond.wait()
+                        continue
+                    if not self._queue or self._queue[0] is ticket:
+                        if self._idle and not self._grow_here(offset):
+                            slot = self._pick(offset)
+                            break
+                        if self._live < self._max:
+                            self._live += 1
+                            break
+                    if ticket is None:
+                        ticket = object()
+                        self._queue.append(ticket)
                     self._cond.wait()
-                    continue
-                if self._idle and not self._grow_here(offset):
-                    slot = self._pick(offset)
-                    break
-                if self._live < self._max:
-                    self._live += 1
-                    break
-                self._cond.wait()
+            finally:
+                if ticket is not None:
+                    self._queue.remove(ticket)
+                    if self._queue:
+                        self._cond.notify_all()  # the next in line may be served too
         if slot is not None:
             _IDLE.forget(slot)
             return slot
@@ -290,9 +306,10 @@ class InstancePool(Generic[T]):
             self._safe_close(slot.instance)
 
     def _wake(self) -> None:
-        """(Under the lock.) An instance is free: wake a use waiting for one, or all waiters
-        during a fork (which waits among the uses it keeps out)."""
-        if self._forking:
+        """(Under the lock.) An instance is free: wake a use waiting for one; all waiters when
+        they queue (only the first in line may take it) or during a fork (which waits among the
+        uses it keeps out)."""
+        if self._forking or self._queue:
             self._cond.notify_all()
         else:
             self._cond.notify()
@@ -304,7 +321,7 @@ class InstancePool(Generic[T]):
                 return
             self._idle.remove(slot)
             self._live -= 1
-            self._cond.notify()
+            self._wake()
         self._safe_close(slot.instance)
 
     def retire_idle(self, predicate: Callable[[Slot[T]], bool]) -> None:
