@@ -41,9 +41,15 @@ def route_background_logs(to_file: bool, syslog_address: str = SYSLOG_SOCKET) ->
     """The daemon detached its stdio: drop the handlers writing to stderr and, unless a log file
     takes the messages, send them to the system log. Returns the handler added, if any."""
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        if type(handler) is logging.StreamHandler and handler.stream in (sys.stderr, sys.__stderr__):
-            root.removeHandler(handler)
+    # A new list, not ``removeHandler``: that removes from the list in place, and a thread
+    # logging at that moment (``Logger.callHandlers`` iterates over it without a lock) then
+    # skipped the handler behind the removed one, the log file's: a mount's "decoding ahead"
+    # line, logged as the mount became ready, was missing from its log file.
+    root.handlers = [
+        handler
+        for handler in root.handlers
+        if not (type(handler) is logging.StreamHandler and handler.stream in (sys.stderr, sys.__stderr__))
+    ]
     if to_file:
         return None
     if not os.path.exists(syslog_address):

@@ -162,3 +162,27 @@ def test_detached_daemon_logs_to_the_system_log(tmp_path: Path, root_handlers: l
 def test_no_system_log_without_its_socket(tmp_path: Path, root_handlers: logging.Logger) -> None:
     assert route_background_logs(to_file=False, syslog_address=str(tmp_path / "absent")) is None
     assert route_background_logs(to_file=True, syslog_address=str(tmp_path / "absent")) is None
+
+
+def test_a_message_logged_while_stderr_is_dropped_still_reaches_the_log_file(root_handlers: logging.Logger) -> None:
+    """The stderr handler is dropped (``route_background_logs``) while another thread's message
+    passes through the handlers: the handler behind it (the log file's) must still get it.
+    Here the drop happens inside the stderr handler's filter, i.e. in the middle of the
+    iteration over the handlers, as when the two threads interleave."""
+    got: List[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            got.append(record.getMessage())
+
+    def drop_stderr_now(_record: logging.LogRecord) -> bool:
+        route_background_logs(to_file=True)
+        return False  # (nothing on the test's stderr)
+
+    stderr_handler = logging.StreamHandler(sys.stderr)
+    stderr_handler.addFilter(drop_stderr_now)
+    root_handlers.addHandler(stderr_handler)
+    root_handlers.addHandler(Keep())
+    logging.getLogger("ratarmountcore.compression.pooled").warning("decoding ahead")
+    assert stderr_handler not in root_handlers.handlers
+    assert got == ["decoding ahead"]
