@@ -102,6 +102,35 @@ def test_waiters_are_served_in_the_order_they_came() -> None:
     assert created == [0] and not pool._queue
 
 
+def test_a_read_waiting_for_its_decoder_to_arrive_goes_before_the_queue() -> None:
+    """The kernel's read-ahead sends the next pieces of a file at once: the read that starts
+    where the busy decoder will stop gets that decoder when it arrives, also when a read of
+    another offset queued meanwhile (which would otherwise take it and move it away)."""
+    pool, created = make_pool(max_instances=1)
+    order: list = []
+    held = pool._take(0)
+
+    def read(offset: int) -> None:
+        with pool.acquire(offset, end=offset + 100) as slot:
+            order.append((offset, slot.position))
+            slot.position = offset + 100
+
+    pool._arriving[100] = 1  # (as ``acquire(0, end=100)`` announces it)
+    continuing = threading.Thread(target=read, args=(100,))
+    continuing.start()
+    _wait_until(lambda: _waiting(pool) == 1)
+    other = threading.Thread(target=read, args=(5000,))
+    other.start()
+    _wait_until(lambda: _waiting(pool) == 2)
+    del pool._arriving[100]
+    held.position = 100
+    pool._give_back(held, True)
+    for thread in (continuing, other):
+        thread.join(5)
+    assert order == [(100, 100), (5000, 200)]
+    assert created == [0]
+
+
 def test_a_waiter_that_gives_up_lets_the_next_one_in() -> None:
     """A queued use whose pool is closed leaves the queue; a queued use behind a new instance's
     failed creation is woken and served."""

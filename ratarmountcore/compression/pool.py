@@ -12,6 +12,8 @@ condition variable:
   came: a use that gives its instance back and asks again at once queues behind the waiters
   (before, it took the instance back before a woken waiter ran: with 4 threads reading whole
   7-12 MiB members of a shared ``.tar.bz2``, a 1-byte read of a small member waited up to 11.7 s);
+  only a use that waited for a busy instance to arrive at its offset (the next piece of a file
+  the kernel reads ahead) takes that instance before the queue;
 * an instance whose use raised is closed rather than returned (its state is unknown).
 
 Memory stays bounded per pool (``max_instances``) and per process: across all pools at most
@@ -247,12 +249,14 @@ class InstancePool(Generic[T]):
             # should continue on the instance that is about to arrive at their offset rather
             # than make another one decompress the same data again. Bounded: never a deadlock.
             deadline = time.monotonic() + ARRIVAL_WAIT
+            awaited = False
             while (
                 offset is not None
                 and offset in self._arriving
                 and not any(s.position == offset for s in self._idle)
                 and not self._closed
             ):
+                awaited = True
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
@@ -265,7 +269,13 @@ class InstancePool(Generic[T]):
                     if self._forking:
                         self._cond.wait()
                         continue
-                    if not self._queue or self._queue[0] is ticket:
+                    # A use that waited for the instance arriving at its offset takes it before
+                    # the queue: a use of another offset queued meanwhile would move it away.
+                    if (
+                        not self._queue
+                        or self._queue[0] is ticket
+                        or (awaited and any(s.position == offset for s in self._idle))
+                    ):
                         if self._idle and not self._grow_here(offset):
                             slot = self._pick(offset)
                             break
