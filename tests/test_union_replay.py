@@ -8,6 +8,7 @@ import errno
 import io
 import os
 import stat
+import subprocess
 import tarfile
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -269,4 +270,44 @@ def test_two_hard_links_to_one_archive_of_a_folder_source_are_two_folders(
         assert {folder: sorted(os.listdir(f"{mnt}{folder}")) for folder in order} == expected
     assert os.stat(mnt / "a.tar").st_ino != os.stat(mnt / "c.tar").st_ino
     assert not os.path.exists(mnt / "c.tar" / "extra")
+    mounter.unmount(mnt)
+
+
+def test_hard_links_whose_names_a_later_archive_replaced_count_only_what_is_left(
+    mounter: Mounter, tmp_path: Path
+) -> None:
+    """A link group of three names in the first archive, one name replaced by the second, one
+    by the third: the link counts are those of ``tar -x`` of the archives in turn (GNU tar
+    unlinks a name before it extracts a member there), through the API (a lookup, a listing,
+    the listing's rows, a reopen from the cached union table) and through a mount."""
+    first = tmp_path / "first"
+    first.mkdir()
+    (first / "a").write_bytes(b"shared content")
+    os.link(first / "a", first / "b")
+    os.link(first / "a", first / "c")
+    os.link(first / "a", first / "d")
+    (first / "e").write_bytes(b"alone")
+    for number, name in ((2, "b"), (3, "d")):
+        (tmp_path / f"n{number}").mkdir()
+        (tmp_path / f"n{number}" / name).write_bytes(b"replaced %d" % number)
+    archives = [tmp_path / "a1.tar", tmp_path / "a2.tar", tmp_path / "a3.tar"]
+    for archive, folder, names in zip(archives, (first, tmp_path / "n2", tmp_path / "n3"), ("abcde", "b", "d")):
+        subprocess.run(["tar", "-C", str(folder), "-cf", str(archive), *names], check=True)
+    extracted = tmp_path / "extracted"
+    extracted.mkdir()
+    for archive in archives:
+        subprocess.run(["tar", "-C", str(extracted), "-xf", str(archive)], check=True)
+    expected = {name: os.lstat(extracted / name).st_nlink for name in "abcde"}
+    assert expected == {"a": 2, "b": 1, "c": 2, "d": 1, "e": 1}  # (what tar -x does, as checked)
+    for _reopen in range(2):
+        with ratarmountcore.open([str(p) for p in archives]) as src:
+            assert {name: src.info("/" + name).nlink for name in "abcde"} == expected
+            assert {name: info.nlink for name, info in src.list_entries("/")} == expected
+            rows = {row[0].decode(): row[6] for row in src.list_stat_rows("/") or []}
+            assert rows == expected
+            assert src.read("/c") == b"shared content" and src.read("/d") == b"replaced 3"
+    mnt = mounter.mount(*archives)
+    assert {name: os.lstat(mnt / name).st_nlink for name in "abcde"} == expected
+    assert {entry.name: entry.stat(follow_symlinks=False).st_nlink for entry in os.scandir(mnt)} == expected
+    assert os.lstat(mnt / "a").st_ino == os.lstat(mnt / "c").st_ino
     mounter.unmount(mnt)

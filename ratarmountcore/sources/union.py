@@ -46,10 +46,11 @@ logger = logging.getLogger(__name__)
 _S_IFMT = 0o170000
 #: A path component naming an entry's versions (``PATH.versions/``).
 _VERSIONS_PART = VERSIONS_SUFFIX.decode() + "/"
-UNION_FORMAT = "11"  # 5: a folder replaced by a file takes its entries with it; 6: ``implied``;
+UNION_FORMAT = "12"  # 5: a folder replaced by a file takes its entries with it; 6: ``implied``;
 # 7: nothing below an earlier source's file that a later source only implies as a folder;
 # 8: ``barriers``; 9: ``kinds`` (instead of barriers); 10: folders' link counts of the union;
-# 11: a file over a folder that holds something is refused, as by tar -x
+# 11: a file over a folder that holds something is refused, as by tar -x; 12: files' link counts
+# leave out the names of a hard link that a later source replaced
 #: A folder's rows from the union table (``StatRow`` fields) after a name, in name order.
 _STAT_ROWS_SQL = (
     "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev FROM entries "
@@ -287,6 +288,7 @@ class UnionSource(MountSource):
                 conn.executemany(insert_rows, kept)
         if not self._mutable:  # (with folder sources, folders keep their winners' counts, as lookups give)
             self._count_folder_links(conn)
+            self._count_file_links(conn)
 
     @staticmethod
     def _count_folder_links(conn: sqlite3.Connection) -> None:
@@ -300,6 +302,25 @@ class UnionSource(MountSource):
             links = 2 + subfolders.get(join_path(parent, name), 0)
             if links != nlink:
                 updates.append((links, parent, name))
+        conn.executemany("UPDATE entries SET nlink = ? WHERE parent = ? AND name = ?", updates)
+
+    @staticmethod
+    def _count_file_links(conn: sqlite3.Connection) -> None:
+        """A hard-linked file's link count as tar -x of the sources in turn leaves it: the names
+        of its link group (one source, one inode number) that a later source replaced are gone
+        (``tar -x`` of the later archive unlinks them first). Counts only ever go down here."""
+        groups: Dict[Tuple[int, int], List[Tuple[bytes, bytes, int]]] = {}
+        for parent, name, source, ino, nlink in conn.execute(
+            "SELECT parent, name, source, ino, nlink FROM entries "
+            f"WHERE nlink > 1 AND ino != 0 AND mode & {_S_IFMT} != {stat.S_IFDIR}"
+        ):
+            groups.setdefault((source, ino), []).append((parent, name, nlink))
+        updates = [
+            (len(names), parent, name)
+            for names in groups.values()
+            for parent, name, nlink in names
+            if len(names) < nlink
+        ]
         conn.executemany("UPDATE entries SET nlink = ? WHERE parent = ? AND name = ?", updates)
 
     @staticmethod
@@ -399,7 +420,7 @@ class UnionSource(MountSource):
         if number is not None:
             info = self.sources[number].lookup(path)
             if info is not None:
-                return self._wrap(number, info._replace(nlink=links) if info.is_dir else info)
+                return self._wrap(number, info._replace(nlink=links) if info.is_dir or links < info.nlink else info)
         # Not in the union table: a PATH.versions folder or version (no index lists them). In a
         # union of archives nothing else is missing from the table: a miss is one query, not
         # one per source.
@@ -594,8 +615,10 @@ class UnionSource(MountSource):
                 return None
             return path, self._wrap(number, info)
         info = found[1]
-        if info.is_dir and not self._mutable:
-            info = info._replace(nlink=self._winner(found[0])[2])
+        if (info.is_dir or info.nlink > 1) and not self._mutable:
+            links = self._winner(found[0])[2]
+            if info.is_dir or links < info.nlink:
+                info = info._replace(nlink=links)
         return found[0], self._wrap(number, info)
 
     def lists_by_number(self, folder: FileInfo) -> bool:
@@ -670,6 +693,10 @@ class UnionSource(MountSource):
                 if name in of_source:
                     if child.is_dir and name in links:
                         child = child._replace(nlink=links[name])
+                    elif child.nlink > 1 and not self._mutable:  # a hard link (rare: a query each)
+                        links_here = self._winner(("/" if path == "/" else path + "/") + name)[2]
+                        if 0 < links_here < child.nlink:
+                            child = child._replace(nlink=links_here)
                     found[name] = self._wrap(number, child)
                     of_source.discard(name)
             if of_source and self._mutable:
