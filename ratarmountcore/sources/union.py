@@ -65,6 +65,8 @@ _SOURCE_ROWS_SQL = (
 )
 #: The link counts of a folder's folders in the union table.
 _FOLDER_LINKS_SQL = f"SELECT name, nlink FROM entries WHERE parent = ? AND mode & {_S_IFMT} = {stat.S_IFDIR}"
+#: The link counts of a folder's files in the union table (``_count_file_links``).
+_FILE_LINKS_SQL = f"SELECT name, nlink FROM entries WHERE parent = ? AND mode & {_S_IFMT} != {stat.S_IFDIR}"
 #: The archives' claims on a name (``union_replay``; unions with folder sources only).
 _KINDS_SQL = "SELECT source, kind FROM kinds WHERE parent = ? AND name = ?"
 #: The table's winner of a name no archive has as a folder.
@@ -688,13 +690,17 @@ class UnionSource(MountSource):
         if not self._mutable:  # (with folder sources: their folders' own counts)
             rows = self._query(_FOLDER_LINKS_SQL, (encode(path),))
             links = {name.decode("utf-8", "surrogateescape"): count for name, count in rows}
+        file_links: Optional[Dict[str, int]] = None  # (asked once, at the folder's first hard link)
         for number, of_source in wanted.items():
             for name, child in self.sources[number].list_entries(path) or []:
                 if name in of_source:
                     if child.is_dir and name in links:
                         child = child._replace(nlink=links[name])
-                    elif child.nlink > 1 and not self._mutable:  # a hard link (rare: a query each)
-                        links_here = self._winner(("/" if path == "/" else path + "/") + name)[2]
+                    elif child.nlink > 1 and not self._mutable:  # a hard link
+                        if file_links is None:
+                            rows = self._query(_FILE_LINKS_SQL, (encode(path),))
+                            file_links = {raw.decode("utf-8", "surrogateescape"): count for raw, count in rows}
+                        links_here = file_links.get(name, 0)
                         if 0 < links_here < child.nlink:
                             child = child._replace(nlink=links_here)
                     found[name] = self._wrap(number, child)
