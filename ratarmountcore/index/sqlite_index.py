@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set,
 
 from ..errors import InvalidIndexError, OtherOptionsIndexError, StaleIndexError
 from ..tar.scanner import KIND_DIR, KIND_HARDLINK, KIND_SYMLINK, MemberRecord
-from . import dirents, extraction_order
+from . import dirents, extraction_order, stale
 from .fingerprint import ArchiveStats
 from .locations import temporary_path
 from .paths import join_path, parent_and_name
@@ -209,6 +209,7 @@ def unpack_sparse(blob: Optional[bytes]) -> Optional[Tuple[Tuple[int, int], ...]
 
 def _remove_files(*paths: str) -> None:
     for path in paths:
+        stale.unregister(path)
         try:
             os.unlink(path)
         except OSError:  # (gone, or never made: a name too long gave a traceback at exit)
@@ -226,7 +227,9 @@ class IndexWriter:
 
     def __init__(self, final_path: str, stats: ArchiveStats, archive_path: str, extra: Dict[str, str]) -> None:
         self.final_path = final_path
+        stale.remove_abandoned(final_path)
         self.temp_path = temporary_path(final_path)
+        stale.register(self.temp_path)
         # Removes the temporary file unless committed: on ``abort``, and also when the writer is
         # dropped or the program exits without either (an exception between creating the writer
         # and entering its block, e.g. a Ctrl-C or SIGTERM turned into one, left the file).
@@ -512,6 +515,7 @@ class IndexWriter:
         self.identity = (st.st_dev, st.st_ino)  # (renamed into place, it may be replaced at once)
         os.replace(self.temp_path, self.final_path)
         self._remove_temporary.detach()
+        stale.unregister(self.temp_path)
         self._committed = True
 
     def abort(self) -> None:

@@ -1,0 +1,115 @@
+"""Partial indexes left behind by builds that were killed.
+
+An index is written to ``<index>.tmp-<hex>`` and renamed into place when complete; a build that
+ends with an exception or a signal Python sees removes its file. A build killed outright
+(SIGKILL, the out-of-memory killer, a batch job's time limit, a node that went down) cannot, and
+its partial file, as large as the index would have been, stayed beside the archive for good.
+
+The next build of the same index removes such files. A partial file is known to be abandoned
+when nobody holds a lock on it: the writer's SQLite connection runs in exclusive locking mode,
+so it holds a POSIX write lock on the file from its first write until it closes, and the kernel
+drops that lock when the process dies. The check asks with ``F_OFD_GETLK``, which sees locks of
+other processes and of this one, and does not take a lock itself. Files this process is writing
+are skipped without being opened (closing any descriptor of a file drops the process's POSIX
+locks on it). A file changed in the last ``MIN_AGE`` seconds is left alone too: between
+creating its file and its first write a new build holds no lock yet, and on file systems whose
+locks are local to one client (Lustre's ``localflock``, NFS with ``nolock``) a build on another
+node shows none. Where the file system cannot answer (no ``F_OFD_GETLK``, locks unsupported),
+nothing is removed.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import re
+import struct
+import threading
+import time
+from typing import List, Set
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a partial index must have gone unchanged before it may be taken for abandoned.
+MIN_AGE = 600.0
+
+_OFD_GETLK = getattr(fcntl, "F_OFD_GETLK", None)
+#: struct flock: l_type, l_whence, l_start, l_len, l_pid (then the padding to 32 bytes on Linux).
+_FLOCK = "@hhqqi"
+_FLOCK_SIZE = 32
+
+_writing: Set[str] = set()
+_writing_lock = threading.Lock()
+
+
+def register(temp_path: str) -> None:
+    """Mark ``temp_path`` as being written by this process."""
+    with _writing_lock:
+        _writing.add(os.path.abspath(temp_path))
+
+
+def unregister(temp_path: str) -> None:
+    with _writing_lock:
+        _writing.discard(os.path.abspath(temp_path))
+
+
+def _is_ours(path: str) -> bool:
+    with _writing_lock:
+        return os.path.abspath(path) in _writing
+
+
+def _locked(path: str) -> bool:
+    """Whether any process holds a lock on ``path``; True when that cannot be told."""
+    if _OFD_GETLK is None:
+        return True
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return True
+    try:
+        query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+        query += bytes(_FLOCK_SIZE - len(query))
+        answer = fcntl.fcntl(fd, _OFD_GETLK, query)
+    except OSError:  # (no locks on this file system)
+        return True
+    finally:
+        os.close(fd)
+    return struct.unpack_from(_FLOCK, answer)[0] != fcntl.F_UNLCK
+
+
+def partial_files(index_path: str) -> List[str]:
+    """The partial files of builds of ``index_path`` in its folder (``<index>.tmp-<hex>`` and
+    their ``-journal`` files)."""
+    folder, base = os.path.split(index_path)
+    pattern = re.compile(re.escape(base) + r"\.tmp-[0-9a-f]+(-journal)?")
+    try:
+        names = os.listdir(folder or ".")
+    except OSError:
+        return []
+    return [os.path.join(folder, name) for name in names if pattern.fullmatch(name)]
+
+
+def remove_abandoned(index_path: str, now: float | None = None) -> List[str]:
+    """Remove the partial files of ``index_path`` left by builds that are gone; returns them."""
+    now = time.time() if now is None else now
+    removed = []
+    for path in partial_files(index_path):
+        if _is_ours(path) or _is_ours(path.removesuffix("-journal")):
+            continue
+        try:
+            stat = os.lstat(path)
+        except OSError:
+            continue
+        if now - stat.st_mtime < MIN_AGE or _locked(path):
+            continue
+        try:
+            os.unlink(path)
+        except OSError as error:
+            if error.errno != errno.ENOENT:
+                logger.warning("Could not remove %s, left by an index build that was interrupted: %s", path, error)
+            continue
+        logger.info("Removed %s (%d bytes), left by an index build that was interrupted", path, stat.st_size)
+        removed.append(path)
+    return removed
