@@ -13,6 +13,7 @@ import io
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import sqlite3
@@ -1028,6 +1029,31 @@ def test_large_xz_blocks_are_reported_once_with_the_remedy(
     warnings = [r.getMessage() for r in caplog.records if "random access will be slow" in r.getMessage()]
     assert len(warnings) == 1
     assert str(archive) in warnings[0] and "ratarmount-convert" in warnings[0] and "0 MiB" in warnings[0]
+    assert_miss_estimate(warnings[0], largest_mib=0.25, mib_per_second=30)
+
+
+def assert_miss_estimate(message: str, largest_mib: float, mib_per_second: float) -> None:
+    """The warning's time for a miss that decodes the largest frame whole follows the format's
+    decoding speed (a zstd frame decodes ~20 times as fast as an xz block of the same size)."""
+    match = re.search(r"about ([0-9.e+-]+) s on one core", message)
+    assert match, message
+    assert float(match.group(1)) == pytest.approx(largest_mib / mib_per_second, rel=0.05)
+
+
+def test_a_large_zstd_frame_is_reported_with_zstd_s_decoding_time(
+    large_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from ratarmountcore.compression import framed
+
+    monkeypatch.setattr(framed, "SLOW_FRAME_BYTES", 200 * 1024)
+    archive = compress(fresh_copy(large_tar, tmp_path), "zst-cli")
+    with caplog.at_level(logging.WARNING, logger="ratarmountcore"):
+        with ratarmountcore.open(str(archive), options()) as src:
+            src.read(next(iter(members_of(large_tar))))
+    warnings = [r.getMessage() for r in caplog.records if "random access will be slow" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    largest = large_tar.stat().st_size / 2**20  # one frame
+    assert_miss_estimate(warnings[0], largest_mib=largest, mib_per_second=500)
 
 
 def test_frames_decoded_ahead_are_bounded_by_bytes(
