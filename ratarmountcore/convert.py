@@ -34,7 +34,7 @@ from .errors import (
     UnsupportedFormatError,
 )
 from .formats import COMPRESSIONS, FormatId, is_tar_stream, sniff_bytes
-from .index import full_folders
+from .index import full_folders, stale
 from .index.fingerprint import ArchiveStats, archive_stats
 from .index.locations import candidate_paths, check_named_folders, folder_writable
 from .index.sqlite_index import IndexWriter, foreign_file, scan_options
@@ -279,7 +279,9 @@ def convert_to_seekable_zstd(
         raise RatarmountError(f"{src_path}: cannot open ({exc.strerror})") from None
 
     source: RandomAccessReader = plain
+    stale.remove_abandoned(dst_path)
     temp_path = f"{dst_path}.tmp-{uuid.uuid4().hex[:12]}"
+    stale.register(temp_path)
     writer: Optional[IndexWriter] = None
     frames: Optional[FrameWriter] = None
     compressed: Optional[CompressedReader] = None
@@ -307,6 +309,7 @@ def convert_to_seekable_zstd(
         late_stats = _LateStats()
         try:  # (first: an output that cannot be written at all is the error to report)
             out_file = open(temp_path, "wb")  # noqa: SIM115 - closed by the with below
+            stale.hold_lock(out_file.fileno())
         except OSError as exc:  # (named as the user named it, not by the temporary name)
             raise RatarmountError(f"{dst_path}: cannot write ({exc.strerror})") from None
         try:
@@ -389,6 +392,7 @@ def convert_to_seekable_zstd(
             raise exc.naming(src_path) from None
         raise
     finally:
+        stale.unregister(temp_path)
         if compressed is not None and source is not compressed:
             source.close()  # the first pass's reader over a decoder elsewhere
         (compressed or source).close()

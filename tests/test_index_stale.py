@@ -19,9 +19,12 @@ from typing import Iterator
 import pytest
 from conftest import tar_bytes
 
+import ratarmountcore
+from ratarmountcore.convert import convert_to_seekable_zstd
 from ratarmountcore.index import stale
 from ratarmountcore.index.fingerprint import ArchiveStats
 from ratarmountcore.index.sqlite_index import IndexWriter
+from ratarmountcore.options import OpenOptions
 
 #: A child that starts writing an index (its first rows are written, so SQLite holds its lock),
 #: says where, and waits to be killed.
@@ -117,3 +120,50 @@ def test_a_mount_removes_what_a_killed_first_mount_left(writer_process, mounter,
     assert (mountpoint / "f").read_bytes() == b"x"
     assert not os.path.exists(temp)
     assert os.path.exists(tmp_path / "a.tar.index.sqlite")
+
+
+#: A child that writes a partial converted archive as the converter does and waits to be killed.
+CONVERTER = textwrap.dedent(
+    """
+    import sys, time
+    from ratarmountcore.index import stale
+    out = open(sys.argv[1], "wb")
+    stale.hold_lock(out.fileno())
+    out.write(b"frames" * 1000)
+    out.flush()
+    print("ready", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_killed_conversion_leaves_files_that_the_next_conversion_removes(tmp_path: Path) -> None:
+    """A conversion killed outright left its partial output (as large as the converted archive)
+    and its index's partial file; converting to the same name again removes both once their
+    writer is gone, and not while it runs."""
+    source = tmp_path / "in.tar"
+    source.write_bytes(tar_bytes({"a/b": b"data" * 100}))
+    out = tmp_path / "out.tar.zst"
+    partial_out = f"{out}.tmp-0123456789ab"
+    process = subprocess.Popen([sys.executable, "-c", CONVERTER, partial_out], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        partial_index = f"{out}.index.sqlite.tmp-ba9876543210"
+        Path(partial_index).write_bytes(b"partial index")  # (its writer gone: no lock)
+        for path in (partial_out, partial_index):
+            age(path, 2 * stale.MIN_AGE)
+
+        convert_to_seekable_zstd(str(source), str(out), options=OpenOptions())
+        assert os.path.exists(partial_out), "the partial output of a conversion still running was removed"
+        assert not os.path.exists(partial_index)
+
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        convert_to_seekable_zstd(str(source), str(out), options=OpenOptions(), overwrite=True)
+        assert not os.path.exists(partial_out)
+    finally:
+        process.kill()
+        process.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.tar", "out.tar.zst", "out.tar.zst.index.sqlite"]
+    with ratarmountcore.open(str(out), OpenOptions()) as src:
+        assert src.read("/a/b") == b"data" * 100

@@ -1,4 +1,4 @@
-"""Partial indexes left behind by builds that were killed.
+"""Partial indexes (and converted archives) left behind by builds that were killed.
 
 An index is written to ``<index>.tmp-<hex>`` and renamed into place when complete; a build that
 ends with an exception or a signal Python sees removes its file. A build killed outright
@@ -15,7 +15,8 @@ locks on it). A file changed in the last ``MIN_AGE`` seconds is left alone too: 
 creating its file and its first write a new build holds no lock yet, and on file systems whose
 locks are local to one client (Lustre's ``localflock``, NFS with ``nolock``) a build on another
 node shows none. Where the file system cannot answer (no ``F_OFD_GETLK``, locks unsupported),
-nothing is removed.
+nothing is removed. The converter writes its output the same way and locks it with
+``hold_lock``; the same rules apply to it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 MIN_AGE = 600.0
 
 _OFD_GETLK = getattr(fcntl, "F_OFD_GETLK", None)
+_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", None)
 #: struct flock: l_type, l_whence, l_start, l_len, l_pid (then the padding to 32 bytes on Linux).
 _FLOCK = "@hhqqi"
 _FLOCK_SIZE = 32
@@ -60,6 +62,23 @@ def _is_ours(path: str) -> bool:
         return os.path.abspath(path) in _writing
 
 
+def _flock(kind: int) -> bytes:
+    packed = struct.pack(_FLOCK, kind, os.SEEK_SET, 0, 0, 0)
+    return packed + bytes(_FLOCK_SIZE - len(packed))
+
+
+def hold_lock(fd: int) -> None:
+    """Lock a partial file that ``fd`` (open for writing) writes, as SQLite's exclusive mode
+    does an index's, so that other processes see it is in use (the converter's output). The
+    lock goes with the last descriptor of this open, or with the process."""
+    if _OFD_SETLK is None:
+        return
+    try:
+        fcntl.fcntl(fd, _OFD_SETLK, _flock(fcntl.F_WRLCK))
+    except OSError as error:  # (no locks here: others cannot tell, and so remove nothing)
+        logger.debug("No lock on the file being written (fd %d): %s", fd, error)
+
+
 def _locked(path: str) -> bool:
     """Whether any process holds a lock on ``path``; True when that cannot be told."""
     if _OFD_GETLK is None:
@@ -69,9 +88,7 @@ def _locked(path: str) -> bool:
     except OSError:
         return True
     try:
-        query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
-        query += bytes(_FLOCK_SIZE - len(query))
-        answer = fcntl.fcntl(fd, _OFD_GETLK, query)
+        answer = fcntl.fcntl(fd, _OFD_GETLK, _flock(fcntl.F_WRLCK))
     except OSError:  # (no locks on this file system)
         return True
     finally:
@@ -79,10 +96,10 @@ def _locked(path: str) -> bool:
     return struct.unpack_from(_FLOCK, answer)[0] != fcntl.F_UNLCK
 
 
-def partial_files(index_path: str) -> List[str]:
-    """The partial files of builds of ``index_path`` in its folder (``<index>.tmp-<hex>`` and
+def partial_files(final_path: str) -> List[str]:
+    """The partial files of writes of ``final_path`` in its folder (``<final>.tmp-<hex>`` and
     their ``-journal`` files)."""
-    folder, base = os.path.split(index_path)
+    folder, base = os.path.split(final_path)
     pattern = re.compile(re.escape(base) + r"\.tmp-[0-9a-f]+(-journal)?")
     try:
         names = os.listdir(folder or ".")
@@ -91,11 +108,12 @@ def partial_files(index_path: str) -> List[str]:
     return [os.path.join(folder, name) for name in names if pattern.fullmatch(name)]
 
 
-def remove_abandoned(index_path: str, now: float | None = None) -> List[str]:
-    """Remove the partial files of ``index_path`` left by builds that are gone; returns them."""
+def remove_abandoned(final_path: str, now: float | None = None) -> List[str]:
+    """Remove the partial files of ``final_path`` (an index, a converted archive) left by
+    writers that are gone; returns them."""
     now = time.time() if now is None else now
     removed = []
-    for path in partial_files(index_path):
+    for path in partial_files(final_path):
         if _is_ours(path) or _is_ours(path.removesuffix("-journal")):
             continue
         try:
@@ -108,8 +126,8 @@ def remove_abandoned(index_path: str, now: float | None = None) -> List[str]:
             os.unlink(path)
         except OSError as error:
             if error.errno != errno.ENOENT:
-                logger.warning("Could not remove %s, left by an index build that was interrupted: %s", path, error)
+                logger.warning("Could not remove %s, left by a build that was interrupted: %s", path, error)
             continue
-        logger.info("Removed %s (%d bytes), left by an index build that was interrupted", path, stat.st_size)
+        logger.info("Removed %s (%d bytes), left by a build that was interrupted", path, stat.st_size)
         removed.append(path)
     return removed
