@@ -7,6 +7,7 @@ index would have become, used to stay beside the archive for good.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -68,17 +69,20 @@ def test_a_killed_build_leaves_a_file_that_the_next_build_removes(writer_process
     index = str(tmp_path / "a.tar.index.sqlite")
     temp = writer_process.stdout.readline().strip()
     assert temp.startswith(index + ".tmp-") and os.path.getsize(temp) > 0
-    age(temp, 2 * stale.MIN_AGE)
+    journal = temp + "-journal"  # (SQLite locks the database, not its journal)
+    Path(journal).write_bytes(b"journal")
+    for path in (temp, journal):
+        age(path, 2 * stale.MIN_AGE)
     # Alive (its lock held), however old its file: kept.
     assert stale.remove_abandoned(index) == []
-    assert os.path.exists(temp)
+    assert os.path.exists(temp) and os.path.exists(journal)
 
     writer_process.send_signal(signal.SIGKILL)
     writer_process.wait()
     assert os.path.exists(temp), "a killed build cannot clean up after itself"
-    assert stale.partial_files(index) == [temp]
-    assert stale.remove_abandoned(index) == [temp]
-    assert not os.path.exists(temp)
+    assert sorted(stale.partial_files(index)) == [temp, journal]
+    assert sorted(stale.remove_abandoned(index)) == [temp, journal]
+    assert not os.path.exists(temp) and not os.path.exists(journal)
 
 
 def test_a_file_changed_lately_is_kept_even_without_a_lock(writer_process, tmp_path: Path) -> None:
@@ -93,7 +97,9 @@ def test_a_file_changed_lately_is_kept_even_without_a_lock(writer_process, tmp_p
     assert stale.remove_abandoned(index) == [temp]
 
 
-def test_a_build_of_this_process_is_kept_and_other_names_are_not_touched(tmp_path: Path) -> None:
+def test_a_build_of_this_process_is_kept_and_other_names_are_not_touched(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     index = str(tmp_path / "a.tar.index.sqlite")
     others = [
         tmp_path / "b.tar.index.sqlite.tmp-00aa11bb22cc",  # another archive's
@@ -103,12 +109,17 @@ def test_a_build_of_this_process_is_kept_and_other_names_are_not_touched(tmp_pat
     for other in others:
         other.write_bytes(b"partial")
         age(str(other), 2 * stale.MIN_AGE)
+    folder = tmp_path / "a.tar.index.sqlite.tmp-0a0b0c0d0e0f"  # a name we write, but a folder
+    folder.mkdir()
+    age(str(folder), 2 * stale.MIN_AGE)
+    others.append(folder)
     with IndexWriter(index, ArchiveStats(1, 1, "x"), str(tmp_path / "a.tar"), {}) as writer:
         age(writer.temp_path, 2 * stale.MIN_AGE)
         assert stale.remove_abandoned(index) == []
         assert os.path.exists(writer.temp_path)
     assert not os.path.exists(writer.temp_path), "an aborted build removes its own file"
     assert all(other.exists() for other in others)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], "nothing to warn about"
 
 
 def test_a_mount_removes_what_a_killed_first_mount_left(writer_process, mounter, tmp_path: Path) -> None:

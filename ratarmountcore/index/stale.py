@@ -26,6 +26,7 @@ import fcntl
 import logging
 import os
 import re
+import stat
 import struct
 import threading
 import time
@@ -114,20 +115,25 @@ def remove_abandoned(final_path: str, now: float | None = None) -> List[str]:
     now = time.time() if now is None else now
     removed = []
     for path in partial_files(final_path):
-        if _is_ours(path) or _is_ours(path.removesuffix("-journal")):
+        main = path.removesuffix("-journal")  # (SQLite locks the database, not its journal)
+        if _is_ours(main):
             continue
         try:
-            stat = os.lstat(path)
+            info = os.lstat(path)
         except OSError:
             continue
-        if now - stat.st_mtime < MIN_AGE or _locked(path):
+        if not stat.S_ISREG(info.st_mode) or now - info.st_mtime < MIN_AGE:
+            continue
+        if _locked(main if main != path and os.path.lexists(main) else path):
             continue
         try:
             os.unlink(path)
         except OSError as error:
-            if error.errno != errno.ENOENT:
+            if error.errno in (errno.EACCES, errno.EPERM):  # (another user's, in a shared folder)
+                logger.debug("Could not remove %s, left by a build that was interrupted: %s", path, error)
+            elif error.errno != errno.ENOENT:
                 logger.warning("Could not remove %s, left by a build that was interrupted: %s", path, error)
             continue
-        logger.info("Removed %s (%d bytes), left by a build that was interrupted", path, stat.st_size)
+        logger.info("Removed %s (%d bytes), left by a build that was interrupted", path, info.st_size)
         removed.append(path)
     return removed
