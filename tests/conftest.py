@@ -6,6 +6,7 @@ import io
 import os
 import pty
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -74,6 +75,21 @@ def session_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             del os.environ["HOME"]
         else:
             os.environ["HOME"] = previous
+
+
+@pytest.fixture(scope="session", autouse=True)
+def hangup_as_at_a_terminal() -> Iterator[None]:
+    """The tests that send SIGHUP expect its default action, as in a terminal. Under ``nohup``
+    the suite and every process it starts inherit SIGHUP ignored, and ratarmount rightly keeps
+    it so (``termination.sigterm_raises``): those tests then failed (session 36)."""
+    previous = signal.getsignal(signal.SIGHUP)
+    if previous == signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        if previous == signal.SIG_IGN:
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def run_ratarmount(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def]
