@@ -1018,18 +1018,26 @@ def test_large_xz_blocks_are_reported_once_with_the_remedy(
 ) -> None:
     """Blocks that are cached whole but large (``xz -T0`` writes 24 MiB) make every random miss
     decode a whole block: the user is told once, with the way out."""
-    from ratarmountcore.compression import framed
-
-    monkeypatch.setattr(framed, "SLOW_FRAME_BYTES", 200 * 1024)  # the test file's 256 KiB blocks
-    archive = compress(fresh_copy(large_tar, tmp_path), "xz-cli-blocks")
-    with caplog.at_level(logging.WARNING, logger="ratarmountcore"):
-        with ratarmountcore.open(str(archive), options()) as src:
-            for member in list(members_of(large_tar))[:5]:
-                src.read(member)
-    warnings = [r.getMessage() for r in caplog.records if "random access will be slow" in r.getMessage()]
+    archive, warnings = slow_frame_warnings("xz-cli-blocks", large_tar, tmp_path, monkeypatch, caplog, reads=5)
     assert len(warnings) == 1
     assert str(archive) in warnings[0] and "ratarmount-convert" in warnings[0] and "0 MiB" in warnings[0]
     assert_miss_estimate(warnings[0], largest_mib=0.25, mib_per_second=30)
+
+
+def slow_frame_warnings(
+    kind: str, tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, reads: int
+) -> Tuple[Path, List[str]]:
+    """The warnings about slow random access from reading ``reads`` members of ``tar``
+    compressed as ``kind``, with frames above 200 KiB taken for large."""
+    from ratarmountcore.compression import framed
+
+    monkeypatch.setattr(framed, "SLOW_FRAME_BYTES", 200 * 1024)  # (the xz test file's blocks: 256 KiB)
+    archive = compress(fresh_copy(tar, tmp_path), kind)
+    with caplog.at_level(logging.WARNING, logger="ratarmountcore"):
+        with ratarmountcore.open(str(archive), options()) as src:
+            for member in list(members_of(tar))[:reads]:
+                src.read(member)
+    return archive, [r.getMessage() for r in caplog.records if "random access will be slow" in r.getMessage()]
 
 
 def assert_miss_estimate(message: str, largest_mib: float, mib_per_second: float) -> None:
@@ -1043,14 +1051,7 @@ def assert_miss_estimate(message: str, largest_mib: float, mib_per_second: float
 def test_a_large_zstd_frame_is_reported_with_zstd_s_decoding_time(
     large_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from ratarmountcore.compression import framed
-
-    monkeypatch.setattr(framed, "SLOW_FRAME_BYTES", 200 * 1024)
-    archive = compress(fresh_copy(large_tar, tmp_path), "zst-cli")
-    with caplog.at_level(logging.WARNING, logger="ratarmountcore"):
-        with ratarmountcore.open(str(archive), options()) as src:
-            src.read(next(iter(members_of(large_tar))))
-    warnings = [r.getMessage() for r in caplog.records if "random access will be slow" in r.getMessage()]
+    _archive, warnings = slow_frame_warnings("zst-cli", large_tar, tmp_path, monkeypatch, caplog, reads=1)
     assert len(warnings) == 1, warnings
     largest = large_tar.stat().st_size / 2**20  # one frame
     assert_miss_estimate(warnings[0], largest_mib=largest, mib_per_second=500)
