@@ -28,7 +28,6 @@ import os
 import re
 import stat
 import struct
-import threading
 import time
 from typing import List, Set
 
@@ -43,24 +42,23 @@ _OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", None)
 _FLOCK = "@hhqqi"
 _FLOCK_SIZE = 32
 
+#: The partial files this process is writing. No lock: ``unregister`` also runs from a writer's
+#: ``weakref.finalize``, which the garbage collector may call in a thread that is inside one of
+#: these functions; a set's add, discard and ``in`` are atomic on their own.
 _writing: Set[str] = set()
-_writing_lock = threading.Lock()
 
 
 def register(temp_path: str) -> None:
     """Mark ``temp_path`` as being written by this process."""
-    with _writing_lock:
-        _writing.add(os.path.abspath(temp_path))
+    _writing.add(os.path.abspath(temp_path))
 
 
 def unregister(temp_path: str) -> None:
-    with _writing_lock:
-        _writing.discard(os.path.abspath(temp_path))
+    _writing.discard(os.path.abspath(temp_path))
 
 
 def _is_ours(path: str) -> bool:
-    with _writing_lock:
-        return os.path.abspath(path) in _writing
+    return os.path.abspath(path) in _writing
 
 
 def _flock(kind: int) -> bytes:
