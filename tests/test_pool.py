@@ -142,6 +142,27 @@ def test_a_read_waiting_for_its_decoder_to_arrive_goes_before_the_queue() -> Non
     assert created == [0]
 
 
+def test_an_instance_that_arrived_where_a_use_waits_is_kept_for_it() -> None:
+    """Woken together with the use that waited for it, a use of another offset that runs first
+    must not take the instance (CI, on a loaded machine: it took it and moved it away). Here the
+    waiting use is stood for by its mark, so that the other use always comes first."""
+    pool, created = make_pool(max_instances=1)
+    held = pool._take(0)
+    held.position = 100
+    pool._awaiting[100] = 1  # (a use of offset 100 waited for it and is about to run)
+    pool._give_back(held, True)
+    got: list = []
+    other = threading.Thread(target=lambda: got.append(pool._take(5000)))
+    other.start()
+    _wait_until(lambda: _waiting(pool) == 1)
+    assert not got  # it waits: the only instance is kept for the use of offset 100
+    with pool._cond:  # that use has taken it, used it and given it back
+        del pool._awaiting[100]
+        pool._wake()
+    other.join(5)
+    assert got == [held] and created == [0]
+
+
 def test_a_waiter_that_gives_up_lets_the_next_one_in() -> None:
     """A queued use whose pool is closed leaves the queue; a queued use behind a new instance's
     failed creation is woken and served."""

@@ -13,7 +13,8 @@ condition variable:
   (before, it took the instance back before a woken waiter ran: with 4 threads reading whole
   7-12 MiB members of a shared ``.tar.bz2``, a 1-byte read of a small member waited up to 11.7 s);
   only a use that waited for a busy instance to arrive at its offset (the next piece of a file
-  the kernel reads ahead) takes that instance before the queue;
+  the kernel reads ahead) takes that instance before the queue, and no other use takes it
+  meanwhile (woken together, the one that runs first would);
 * an instance whose use raised is closed rather than returned (its state is unknown).
 
 Memory stays bounded per pool (``max_instances``) and per process: across all pools at most
@@ -141,6 +142,9 @@ class InstancePool(Generic[T]):
         self._idle: List[Slot[T]] = []
         #: end offset of a use in progress -> number of such uses
         self._arriving: Dict[int, int] = {}
+        #: offset -> number of uses that waited for an instance arriving there: an idle
+        #: instance at such an offset is theirs (``_take``)
+        self._awaiting: Dict[int, int] = {}
         self._live = 0
         self._closed = False
         #: Tickets of the uses waiting for an instance, oldest first.
@@ -187,8 +191,16 @@ class InstancePool(Generic[T]):
                         self._arriving[end] = left
             self._give_back(slot, ok)
 
-    def _pick(self, offset: Optional[int]) -> Slot[T]:
-        idle = self._idle
+    def _available(self, offset: Optional[int], awaited: bool) -> List[Slot[T]]:
+        """(Under the lock.) The idle instances this use may take: not one that arrived where
+        another use waited for it (woken together, the use of another offset could otherwise
+        run first and move it away)."""
+        awaiting = self._awaiting
+        if not awaiting:
+            return self._idle
+        return [s for s in self._idle if s.position not in awaiting or (awaited and s.position == offset)]
+
+    def _pick(self, offset: Optional[int], idle: List[Slot[T]]) -> Slot[T]:
         if offset is None:
             best = max(idle, key=lambda s: (s.complete, s.position))
         else:
@@ -207,7 +219,7 @@ class InstancePool(Generic[T]):
                 best = self._least_useful(idle)
             else:
                 best = idle[-1]  # most recently returned
-        idle.remove(best)
+        self._idle.remove(best)
         return best
 
     def _least_useful(self, idle: List[Slot[T]]) -> Slot[T]:
@@ -233,13 +245,13 @@ class InstancePool(Generic[T]):
 
         return min(idle, key=loss)
 
-    def _grow_here(self, offset: Optional[int]) -> bool:
+    def _grow_here(self, offset: Optional[int], idle: List[Slot[T]]) -> bool:
         """(Under the lock.) Whether this use should get a new instance although some are idle."""
         return (
             self._grow_before_rewind
             and offset is not None
             and self._live < self._max
-            and not any(0 <= s.position <= offset for s in self._idle)
+            and not any(0 <= s.position <= offset for s in idle)
         )
 
     def _take(self, offset: Optional[int]) -> Slot[T]:
@@ -250,19 +262,21 @@ class InstancePool(Generic[T]):
             # than make another one decompress the same data again. Bounded: never a deadlock.
             deadline = time.monotonic() + ARRIVAL_WAIT
             awaited = False
-            while (
-                offset is not None
-                and offset in self._arriving
-                and not any(s.position == offset for s in self._idle)
-                and not self._closed
-            ):
-                awaited = True
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
             ticket: Optional[object] = None
             try:
+                while (
+                    offset is not None
+                    and offset in self._arriving
+                    and not any(s.position == offset for s in self._idle)
+                    and not self._closed
+                ):
+                    if not awaited:
+                        awaited = True
+                        self._awaiting[offset] = self._awaiting.get(offset, 0) + 1
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
                 while True:
                     if self._closed:
                         raise ValueError("I/O operation on a closed compressed file")
@@ -276,8 +290,9 @@ class InstancePool(Generic[T]):
                         or self._queue[0] is ticket
                         or (awaited and any(s.position == offset for s in self._idle))
                     ):
-                        if self._idle and not self._grow_here(offset):
-                            slot = self._pick(offset)
+                        idle = self._available(offset, awaited)
+                        if idle and not self._grow_here(offset, idle):
+                            slot = self._pick(offset, idle)
                             break
                         if self._live < self._max:
                             self._live += 1
@@ -287,6 +302,13 @@ class InstancePool(Generic[T]):
                         self._queue.append(ticket)
                     self._cond.wait()
             finally:
+                if awaited:
+                    assert offset is not None
+                    left = self._awaiting.pop(offset) - 1
+                    if left:
+                        self._awaiting[offset] = left
+                    elif self._queue:
+                        self._cond.notify_all()  # an instance kept for this use is free again
                 if ticket is not None:
                     self._queue.remove(ticket)
                     if self._queue:
@@ -317,9 +339,10 @@ class InstancePool(Generic[T]):
 
     def _wake(self) -> None:
         """(Under the lock.) An instance is free: wake a use waiting for one; all waiters when
-        they queue (only the first in line may take it) or during a fork (which waits among the
-        uses it keeps out)."""
-        if self._forking or self._queue:
+        they queue (only the first in line may take it), when a use waits for an instance to
+        arrive at its offset (only that one may take it) or during a fork (which waits among
+        the uses it keeps out)."""
+        if self._forking or self._queue or self._awaiting:
             self._cond.notify_all()
         else:
             self._cond.notify()
