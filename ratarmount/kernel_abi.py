@@ -36,6 +36,17 @@ DIRENT_HEAD_SIZE = _DIRENT.size  # 24
 FOPEN_KEEP_CACHE = 1 << 1
 FOPEN_CACHE_DIR = 1 << 3
 
+#: struct fuse_out_header followed by struct fuse_notify_store_out
+_NOTIFY_STORE = struct.Struct("=IiQQQII")
+#: enum fuse_notify_code
+FUSE_NOTIFY_STORE = 4
+
+
+def notify_store(node: int, offset: int, size: int) -> bytes:
+    """The head of a message that puts ``size`` bytes (which follow it) into the kernel's page
+    cache of ``node`` at ``offset``; written to the FUSE device like a reply, unasked."""
+    return _NOTIFY_STORE.pack(_NOTIFY_STORE.size + size, FUSE_NOTIFY_STORE, 0, node, offset, size, 0)
+
 
 def _attr_fields(
     ino: int, mode: int, size: int, mtime_ns: int, uid: int, gid: int, nlink: int, rdev: int

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
 from ratarmountcore.errors import RatarmountError
 
+from . import kernel_abi as abi
 from . import parallel_dirops
 from .capabilities import (
     FUSE_CAP_NO_OPEN_SUPPORT,
@@ -43,6 +44,8 @@ logger = logging.getLogger(__name__)
 RELEASED_REPLY = 64 * 1024
 #: Read buffer per worker thread (the kernel asks for at most 1 MiB with libfuse 3's defaults).
 READ_BUFFER = 1024 * 1024 + 4096
+#: Largest file whose data is put into the kernel's page cache when Python opens it (``ioctl``).
+STORE_MAX = 128 * 1024
 
 #: Options of libfuse's high-level library (``fuse_new``) that ``fuse_session_new`` rejects. The
 #: ones we implement ourselves are dropped; any other one makes us use the high-level API.
@@ -122,6 +125,12 @@ NODE_FI = ctypes.CFUNCTYPE(None, fuse_req_t, fuse_ino_t, FI)  # getattr, open, r
 NODE = ctypes.CFUNCTYPE(None, fuse_req_t, fuse_ino_t)  # readlink, statfs
 READ = ctypes.CFUNCTYPE(None, fuse_req_t, fuse_ino_t, ctypes.c_size_t, ctypes.c_int64, FI)  # read, readdir(plus)
 FORGET_MULTI = ctypes.CFUNCTYPE(None, fuse_req_t, ctypes.c_size_t, ctypes.POINTER(ForgetData))
+IOCTL = ctypes.CFUNCTYPE(
+    None, fuse_req_t, fuse_ino_t, ctypes.c_uint, ctypes.c_void_p, FI, ctypes.c_uint,
+    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
+)  # fmt: skip
+#: The ioctl of ``isatty``
+TCGETS = 0x5401
 
 #: ``struct fuse_lowlevel_ops`` in libfuse 3 order (all function pointers).
 OPERATION_NAMES = (
@@ -255,6 +264,8 @@ class LowLevelFuse:
         #: READs answered off the workers once they would all be reading (``read_handoff.py``).
         self.reads = ReadHandOff(max_threads, max(2, max_threads))
         self._pinned: Set[int] = set()
+        #: The FUSE device, for data stored in the kernel's page cache unasked (-1: none).
+        self._device = -1
         self._local = threading.local()
         self._callbacks: List[Any] = []
         self._table = self._build_table()
@@ -392,6 +403,30 @@ class LowLevelFuse:
             # (the handle is read here: ``fi`` is gone once this callback returns)
             reads.run(answer_read, req, node, size, offset, fi.contents.fh)
 
+        store_lock = threading.Lock()
+
+        def ioctl(req: int, node: int, cmd: int, *_rest: Any) -> None:
+            """No ioctl is supported (ENOTTY, as the kernel makes of ENOSYS). The one that
+            Python's ``open()`` sends (``isatty``) first puts a small file's data into the
+            kernel's page cache: the READ that follows is then answered by the kernel."""
+            pin()
+            try:
+                fd = self._device
+                if cmd == TCGETS and fd >= 0 and store_lock.acquire(blocking=False):
+                    # (One store at a time: a store waits for any READ of the same pages in
+                    # flight, which another worker must be free to answer.)
+                    try:
+                        data, _address = self._buffer(STORE_MAX)
+                        view = memoryview(data)
+                        count = ops.data_for_open(node, view[:STORE_MAX])
+                        if count:
+                            os.writev(fd, (abi.notify_store(node, 0, count), view[:count]))
+                    finally:
+                        store_lock.release()
+            except BaseException as exc:  # noqa: BLE001 - the READ that follows reports errors
+                logger.debug("storing the data of node %d: %s", node, exc)
+            lib.fuse_reply_err(req, errno.ENOTTY)
+
         def release(req: int, _node: int, fi: Any) -> None:
             pin()
             try:
@@ -455,6 +490,7 @@ class LowLevelFuse:
             ("readdir", READ, listing(False)),
             ("readdirplus", READ, listing(True)),
             ("releasedir", NODE_FI, releasedir),
+            ("ioctl", IOCTL, ioctl),
         ):
             callback = prototype(function)
             self._callbacks.append(callback)
@@ -485,6 +521,9 @@ class LowLevelFuse:
         try:  # (libfuse's unmount does nothing when the mount failed)
             if lib.fuse_session_mount(session, os.fsencode(mountpoint)) != 0:
                 raise RatarmountError(f"cannot mount at {mountpoint} (see the message above)")
+            if self.max_threads >= 2 and self.ops.source.is_immutable:
+                self._device = lib.fuse_session_fd(session)
+                self.ops.store_on_open = True
             if self.ops.prefetcher is not None:
                 self.ops.prefetcher.invalidate = lambda node: self._invalidate(session, node)
             if not self._libfuse_asks_parallel_dirops:

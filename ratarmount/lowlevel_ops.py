@@ -50,6 +50,8 @@ LOOKED_UP_MAX = 1024
 #: Entries remembered by path and by inode number. The kernel caches what we answer for a day, so
 #: these only serve the requests that follow each other closely (LOOKUP, then READ or GETATTR).
 ENTRY_CACHE = 1024
+#: Nodes remembered as stored in the kernel's page cache (``data_for_open``).
+STORED_NODES = 65536
 #: LOOKUP replies kept for whole folders, all folders together (see ``_load_replies``). They
 #: answer a run's lookups until the prefetcher's listing reaches the kernel; more (1,024) kept
 #: 1.2 MiB more resident after a stat of every file, for no measurable speed.
@@ -183,6 +185,10 @@ class LowLevelOperations:
         #: The kernel keeps what it read of a file (or listing) for the next open: not for a folder
         #: source, whose files may change.
         self._keep_cache = abi.FOPEN_KEEP_CACHE if source.is_immutable else 0
+        #: Whether ``data_for_open`` gives the data of small files (set by the front-end).
+        self.store_on_open = False
+        #: The nodes whose data was stored, oldest first (until the kernel forgets them).
+        self._stored: "collections.OrderedDict[int, None]" = collections.OrderedDict()
         # LOOKUP, then GETATTR or READ of the same path: remember recent answers (misses too).
         self._entry: Callable[[str], Optional[Entry]] = (
             functools.lru_cache(maxsize=ENTRY_CACHE)(self._lookup_entry) if source.is_immutable else self._lookup_entry
@@ -552,11 +558,16 @@ class LowLevelOperations:
 
     def forget(self, node: int, count: int) -> None:
         self.nodes.forget(node, count)
+        self._stored.pop(node, None)
 
     def forget_all(self, nodes: Sequence[int], counts: Sequence[int]) -> None:
         """A FORGET_MULTI batch (the kernel sends them when it drops its caches): handled as
         one list, without a call per node."""
         self.nodes.forget_all(nodes, counts)
+        stored = self._stored
+        if stored:
+            for node in nodes:
+                stored.pop(node, None)
 
     def _attr(self, node: int, entry: Entry) -> bytes:
         # Entries without an inode number of their own (e.g. PATH.versions) show their node id.
@@ -607,6 +618,29 @@ class LowLevelOperations:
         # Only an entry that may be replaced needs its entry as opened (``getattr``): an
         # archive member's open takes no lock for it.
         return abi.open_out(self.files.open(info, 0 if immutable else node), keep)
+
+    def data_for_open(self, node: int, view: memoryview) -> int:
+        """The data of the file a process opens and asks whether it is a terminal (Python's
+        ``open()`` does, for its buffering), read into ``view`` for the kernel's page cache
+        before the answer: the READ that follows is then served by the kernel. 0: nothing to
+        store (not a small regular file of an immutable source, or stored before)."""
+        if not self.store_on_open or node in self._stored:
+            return 0
+        info = self._resolve(node)[1][0]
+        size = info.size
+        if not info.is_file or size == 0 or size > len(view):
+            return 0
+        done = 0
+        while done < size:
+            count = self.files.read_unopened(info, done, view[done:size])
+            if count <= 0:
+                return 0  # (shorter than its size: the READ tells)
+            done += count
+        stored = self._stored
+        stored[node] = None
+        if len(stored) > STORED_NODES:
+            stored.popitem(last=False)
+        return size
 
     def read(self, node: int, handle: int, offset: int, view: memoryview) -> int:
         me = threading.get_ident()

@@ -1,0 +1,127 @@
+"""A small file's data is in the kernel's page cache once a process opened it and asked whether it
+is a terminal (Python's ``open()`` does): its READ is answered by the kernel, one round trip less.
+
+Observed with ``mincore`` on a mapping of the mounted file: a mapping reads nothing by itself, and
+``mincore`` tells which pages the kernel holds.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import random
+import sys
+from pathlib import Path
+from typing import Dict
+
+import pytest
+from conftest import Mounter, tar_bytes
+from test_will_read import PageCache
+
+from ratarmount.lowlevel import STORE_MAX
+from ratarmountcore.convert import convert_to_seekable_zstd
+
+PAGE = mmap.PAGESIZE
+
+
+def _files() -> Dict[str, bytes]:
+    rng = random.Random(7)
+    return {
+        "d/small": rng.randbytes(3 * PAGE + 123),
+        "d/page": rng.randbytes(PAGE),
+        "d/largest": rng.randbytes(STORE_MAX),
+        "d/too-large": rng.randbytes(STORE_MAX + 1),
+        "d/plain-open": rng.randbytes(5000),
+        "d/empty": b"",
+    }
+
+
+def _cached(path: Path) -> bool:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pages = PageCache(fd)
+        try:
+            return pages.cached(0, pages.size)
+        finally:
+            pages.close()
+    finally:
+        os.close(fd)
+
+
+def test_asking_isatty_puts_a_small_file_into_the_page_cache(mounter: Mounter, tmp_path: Path) -> None:
+    files = _files()
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(tar_bytes(files))
+    root = mounter.mount(archive)
+    for name in ("d/small", "d/page", "d/largest"):
+        fd = os.open(root / name, os.O_RDONLY)
+        try:
+            assert not os.isatty(fd)  # (the answer stays: not a terminal)
+            assert _cached(root / name), f"{name}: not in the page cache after isatty"
+            assert os.pread(fd, len(files[name]) + 1, 0) == files[name]
+        finally:
+            os.close(fd)
+    fd = os.open(root / "d/too-large", os.O_RDONLY)
+    try:
+        os.isatty(fd)
+        assert not _cached(root / "d/too-large"), "a file larger than STORE_MAX was stored"
+        assert os.pread(fd, STORE_MAX + 2, 0) == files["d/too-large"]
+    finally:
+        os.close(fd)
+    # An open that does not ask (C programs' reads, ``cat``) is left to its READ.
+    fd = os.open(root / "d/plain-open", os.O_RDONLY)
+    try:
+        assert not _cached(root / "d/plain-open")
+        assert os.read(fd, 10000) == files["d/plain-open"]
+    finally:
+        os.close(fd)
+    with open(root / "d/empty", "rb") as f:
+        assert f.read() == b""
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 13), reason="this Python's open() may not call isatty")
+def test_python_open_gets_the_data_without_a_read(mounter: Mounter, tmp_path: Path) -> None:
+    files = _files()
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(tar_bytes(files))
+    root = mounter.mount(archive)
+    with open(root / "d/small", "rb") as f:
+        assert _cached(root / "d/small")
+        assert f.read() == files["d/small"]
+
+
+def test_damaged_data_is_not_stored_and_reads_fail(mounter: Mounter, tmp_path: Path) -> None:
+    """Bit rot after indexing in a multi-frame .tar.zst: the files of the damaged frame fail
+    with EIO whether or not their open asked isatty; every other file reads correctly."""
+    from ratarmountcore.index.fingerprint import SAMPLE, SAMPLES
+
+    rng = random.Random(11)
+    files = {f"d/f{i:03d}": rng.randbytes(rng.randrange(1000, 9000)) for i in range(200)}
+    plain = tmp_path / "a.tar"
+    plain.write_bytes(tar_bytes(files))
+    archive = tmp_path / "a.tar.zst"
+    convert_to_seekable_zstd(str(plain), str(archive), frame_size=64 * 1024)
+    raw = bytearray(archive.read_bytes())
+    step = (len(raw) - SAMPLE) // (SAMPLES - 1)
+    position = step * (SAMPLES // 2) + SAMPLE + (step - SAMPLE) // 2  # between two sampled blocks
+    raw[position] ^= 0x55
+    mtime = archive.stat().st_mtime_ns
+    archive.write_bytes(bytes(raw))
+    os.utime(archive, ns=(mtime, mtime))
+    root = mounter.mount(archive)
+    failed = 0
+    for name, data in files.items():
+        fd = os.open(root / name, os.O_RDONLY)
+        try:
+            os.isatty(fd)
+            try:
+                got = os.pread(fd, len(data) + 1, 0)
+            except OSError as exc:
+                assert exc.errno == errno.EIO, exc
+                failed += 1
+                continue
+            assert got == data, f"{name}: wrong bytes"
+        finally:
+            os.close(fd)
+    assert 0 < failed < len(files)
