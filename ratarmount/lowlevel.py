@@ -44,8 +44,9 @@ logger = logging.getLogger(__name__)
 RELEASED_REPLY = 64 * 1024
 #: Read buffer per worker thread (the kernel asks for at most 1 MiB with libfuse 3's defaults).
 READ_BUFFER = 1024 * 1024 + 4096
-#: Largest file whose data is put into the kernel's page cache when Python opens it (``ioctl``).
-STORE_MAX = 128 * 1024
+#: Largest file whose data is put into the kernel's page cache when Python opens it (``ioctl``):
+#: what the first READ of a file asks for at most (the mount's read-ahead is 1 MiB, too).
+STORE_MAX = 1024 * 1024
 
 #: Options of libfuse's high-level library (``fuse_new``) that ``fuse_session_new`` rejects. The
 #: ones we implement ourselves are dropped; any other one makes us use the high-level API.
