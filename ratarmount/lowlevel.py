@@ -425,7 +425,8 @@ class LowLevelFuse:
                     finally:
                         store_lock.release()
             except BaseException as exc:  # noqa: BLE001 - the READ that follows reports errors
-                logger.debug("storing the data of node %d: %s", node, exc)
+                # (By its type only: the READ logs the message, once, as it does for any read.)
+                logger.debug("storing the data of node %d failed (%s); its READ tells", node, type(exc).__name__)
             lib.fuse_reply_err(req, errno.ENOTTY)
 
         def release(req: int, _node: int, fi: Any) -> None:
