@@ -125,3 +125,44 @@ def test_damaged_data_is_not_stored_and_reads_fail(mounter: Mounter, tmp_path: P
         finally:
             os.close(fd)
     assert 0 < failed < len(files)
+
+
+def test_stores_and_reads_of_the_same_files_at_once(mounter: Mounter, tmp_path: Path) -> None:
+    """Threads open the same files at once, some asking isatty (a store) and some not (a READ):
+    a store waits for the page locks of a READ of the same file in flight, which another worker
+    answers. Every byte must be right and nothing may hang (the threads are joined with a
+    deadline)."""
+    import threading
+
+    rng = random.Random(5)
+    files = {f"d/f{i:03d}": rng.randbytes(rng.choice((100, 5000, 70000, 300000))) for i in range(150)}
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(tar_bytes(files))
+    root = mounter.mount(archive)
+    names = sorted(files)
+    errors: list = []
+
+    def reader(seed: int) -> None:
+        order = random.Random(seed)
+        try:
+            for name in names:  # (all threads in the same order: at each file at about once)
+                fd = os.open(root / name, os.O_RDONLY)
+                try:
+                    if order.random() < 0.5:
+                        os.isatty(fd)
+                    got = os.pread(fd, len(files[name]) + 1, 0)
+                finally:
+                    os.close(fd)
+                if got != files[name]:
+                    errors.append(f"{name}: wrong bytes")
+                    return
+        except OSError as exc:
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=reader, args=(seed,), daemon=True) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads), "readers hung"
+    assert not errors, errors[:3]
