@@ -92,6 +92,19 @@ def hangup_as_at_a_terminal() -> Iterator[None]:
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
+def rot_between_samples(archive: Path) -> None:
+    """Flip one byte of ``archive`` halfway between two of the blocks its index's fingerprint
+    samples, keeping its size and mtime: bit rot after indexing that the index cannot notice."""
+    from ratarmountcore.index.fingerprint import SAMPLE, SAMPLES
+
+    raw = bytearray(archive.read_bytes())
+    step = (len(raw) - SAMPLE) // (SAMPLES - 1)
+    raw[step * (SAMPLES // 2) + SAMPLE + (step - SAMPLE) // 2] ^= 0x55
+    mtime = archive.stat().st_mtime_ns
+    archive.write_bytes(bytes(raw))
+    os.utime(archive, ns=(mtime, mtime))
+
+
 def run_ratarmount(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def]
     return subprocess.run([*RATARMOUNT, *args], capture_output=True, text=True, timeout=timeout, **kwargs)
 

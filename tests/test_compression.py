@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Tuple
 from unittest import mock
 
 import pytest
-from conftest import tar_bytes
+from conftest import rot_between_samples, tar_bytes
 
 import ratarmountcore
 from ratarmountcore.compression.base import CompressedReader
@@ -391,18 +391,10 @@ def test_damage_at_the_start_is_an_error_not_a_single_file(kind: str, tmp_path: 
 def test_bit_rot_after_indexing_fails_only_the_affected_members(small_tar: Path, tmp_path: Path) -> None:
     """A byte flipped after the index was written (same size and mtime, outside the sampled
     fingerprint blocks): the index stays in use, reads touching that frame fail, others work."""
-    from ratarmountcore.index.fingerprint import SAMPLE, SAMPLES
-
     archive = tmp_path / "out.tar.zst"
     convert_to_seekable_zstd(str(small_tar), str(archive), frame_size=SPACING, options=options())
     expected = members_of(small_tar)
-    raw = bytearray(archive.read_bytes())
-    step = (len(raw) - SAMPLE) // (SAMPLES - 1)
-    position = step * (SAMPLES // 2) + SAMPLE + (step - SAMPLE) // 2  # between two sampled blocks
-    raw[position] ^= 0x55
-    mtime = archive.stat().st_mtime_ns
-    archive.write_bytes(bytes(raw))
-    os.utime(archive, ns=(mtime, mtime))
+    rot_between_samples(archive)
     good, errors = read_everything(archive, expected)
     assert errors > 0 and good > 0
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Dict
 
 import pytest
-from conftest import Mounter, tar_bytes
+from conftest import Mounter, rot_between_samples, tar_bytes
 from test_will_read import PageCache
 
 from ratarmount.lowlevel import STORE_MAX
@@ -94,21 +94,13 @@ def test_python_open_gets_the_data_without_a_read(mounter: Mounter, tmp_path: Pa
 def test_damaged_data_is_not_stored_and_reads_fail(mounter: Mounter, tmp_path: Path) -> None:
     """Bit rot after indexing in a multi-frame .tar.zst: the files of the damaged frame fail
     with EIO whether or not their open asked isatty; every other file reads correctly."""
-    from ratarmountcore.index.fingerprint import SAMPLE, SAMPLES
-
     rng = random.Random(11)
     files = {f"d/f{i:03d}": rng.randbytes(rng.randrange(1000, 9000)) for i in range(200)}
     plain = tmp_path / "a.tar"
     plain.write_bytes(tar_bytes(files))
     archive = tmp_path / "a.tar.zst"
     convert_to_seekable_zstd(str(plain), str(archive), frame_size=64 * 1024)
-    raw = bytearray(archive.read_bytes())
-    step = (len(raw) - SAMPLE) // (SAMPLES - 1)
-    position = step * (SAMPLES // 2) + SAMPLE + (step - SAMPLE) // 2  # between two sampled blocks
-    raw[position] ^= 0x55
-    mtime = archive.stat().st_mtime_ns
-    archive.write_bytes(bytes(raw))
-    os.utime(archive, ns=(mtime, mtime))
+    rot_between_samples(archive)
     root = mounter.mount(archive)
     failed = 0
     for name, data in files.items():
