@@ -404,7 +404,9 @@ class LowLevelFuse:
             # (the handle is read here: ``fi`` is gone once this callback returns)
             reads.run(answer_read, req, node, size, offset, fi.contents.fh)
 
-        store_lock = threading.Lock()
+        # Stores at once: all workers but one, so that one is always free for the READ a store
+        # may wait for (one reader process per core in a loader, each storing its files).
+        stores = threading.BoundedSemaphore(max(1, self.max_threads - 1))
 
         def ioctl(req: int, node: int, cmd: int, *_rest: Any) -> None:
             """No ioctl is supported (ENOTTY, as the kernel makes of ENOSYS). The one that
@@ -413,9 +415,10 @@ class LowLevelFuse:
             pin()
             try:
                 fd = self._device
-                if cmd == TCGETS and fd >= 0 and store_lock.acquire(blocking=False):
-                    # (One store at a time: a store waits for any READ of the same pages in
-                    # flight, which another worker must be free to answer.)
+                if cmd == TCGETS and fd >= 0 and stores.acquire(blocking=False):
+                    # (A store waits for any READ of the same pages in flight, which another
+                    # worker must be free to answer; a store that would exceed the limit is
+                    # left out, its READ comes as before.)
                     try:
                         data, _address = self._buffer(STORE_MAX)
                         view = memoryview(data)
@@ -423,7 +426,7 @@ class LowLevelFuse:
                         if count:
                             os.writev(fd, (abi.notify_store(node, 0, count), view[:count]))
                     finally:
-                        store_lock.release()
+                        stores.release()
             except BaseException as exc:  # noqa: BLE001 - the READ that follows reports errors
                 # (By its type only: the READ logs the message, once, as it does for any read.)
                 logger.debug("storing the data of node %d failed (%s); its READ tells", node, type(exc).__name__)

@@ -13,7 +13,7 @@ import os
 import random
 import sys
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional
 
 import pytest
 from conftest import Mounter, rot_between_samples, tar_bytes
@@ -119,18 +119,19 @@ def test_damaged_data_is_not_stored_and_reads_fail(mounter: Mounter, tmp_path: P
     assert 0 < failed < len(files)
 
 
-def test_stores_and_reads_of_the_same_files_at_once(mounter: Mounter, tmp_path: Path) -> None:
+@pytest.mark.parametrize("threads", [None, 8])
+def test_stores_and_reads_of_the_same_files_at_once(mounter: Mounter, tmp_path: Path, threads: Optional[int]) -> None:
     """Threads open the same files at once, some asking isatty (a store) and some not (a READ):
     a store waits for the page locks of a READ of the same file in flight, which another worker
-    answers. Every byte must be right and nothing may hang (the threads are joined with a
-    deadline)."""
+    answers (with 8 workers, up to 7 stores run at once). Every byte must be right and nothing
+    may hang (the threads are joined with a deadline)."""
     import threading
 
     rng = random.Random(5)
     files = {f"d/f{i:03d}": rng.randbytes(rng.choice((100, 5000, 70000, 300000))) for i in range(150)}
     archive = tmp_path / "a.tar"
     archive.write_bytes(tar_bytes(files))
-    root = mounter.mount(archive)
+    root = mounter.mount(archive, extra=None if threads is None else ["-o", f"max_threads={threads}"])
     names = sorted(files)
     errors: list = []
 
