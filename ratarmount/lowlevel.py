@@ -267,6 +267,9 @@ class LowLevelFuse:
         self._pinned: Set[int] = set()
         #: The FUSE device, for data stored in the kernel's page cache unasked (-1: none).
         self._device = -1
+        #: Stores at once (None: none): all workers but one, so that one is always free for the
+        #: READ a store may wait for (a loader's reader processes, each storing its files).
+        self._stores: Optional[threading.BoundedSemaphore] = None
         self._local = threading.local()
         self._callbacks: List[Any] = []
         self._table = self._build_table()
@@ -404,18 +407,14 @@ class LowLevelFuse:
             # (the handle is read here: ``fi`` is gone once this callback returns)
             reads.run(answer_read, req, node, size, offset, fi.contents.fh)
 
-        # Stores at once: all workers but one, so that one is always free for the READ a store
-        # may wait for (one reader process per core in a loader, each storing its files).
-        stores = threading.BoundedSemaphore(max(1, self.max_threads - 1))
-
         def ioctl(req: int, node: int, cmd: int, *_rest: Any) -> None:
             """No ioctl is supported (ENOTTY, as the kernel makes of ENOSYS). The one that
             Python's ``open()`` sends (``isatty``) first puts a small file's data into the
             kernel's page cache: the READ that follows is then answered by the kernel."""
             pin()
             try:
-                fd = self._device
-                if cmd == TCGETS and fd >= 0 and stores.acquire(blocking=False):
+                fd, stores = self._device, self._stores
+                if cmd == TCGETS and stores is not None and stores.acquire(blocking=False):
                     # (A store waits for any READ of the same pages in flight, which another
                     # worker must be free to answer; a store that would exceed the limit is
                     # left out, its READ comes as before.)
@@ -528,6 +527,7 @@ class LowLevelFuse:
                 raise RatarmountError(f"cannot mount at {mountpoint} (see the message above)")
             if self.max_threads >= 2 and self.ops.source.is_immutable:
                 self._device = lib.fuse_session_fd(session)
+                self._stores = threading.BoundedSemaphore(self.max_threads - 1)
                 self.ops.store_on_open = True
             if self.ops.prefetcher is not None:
                 self.ops.prefetcher.invalidate = lambda node: self._invalidate(session, node)
