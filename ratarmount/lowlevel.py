@@ -528,7 +528,6 @@ class LowLevelFuse:
             if self.max_threads >= 2 and self.ops.source.is_immutable:
                 self._device = lib.fuse_session_fd(session)
                 self._stores = threading.BoundedSemaphore(self.max_threads - 1)
-                self.ops.store_on_open = True
             if self.ops.prefetcher is not None:
                 self.ops.prefetcher.invalidate = lambda node: self._invalidate(session, node)
             if not self._libfuse_asks_parallel_dirops:

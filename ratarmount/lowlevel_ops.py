@@ -186,8 +186,6 @@ class LowLevelOperations:
         #: The kernel keeps what it read of a file (or listing) for the next open: not for a folder
         #: source, whose files may change.
         self._keep_cache = abi.FOPEN_KEEP_CACHE if source.is_immutable else 0
-        #: Whether ``data_for_open`` gives the data of small files (set by the front-end).
-        self.store_on_open = False
         #: The nodes whose data was stored, oldest first (until the kernel forgets them).
         self._stored: "collections.OrderedDict[int, None]" = collections.OrderedDict()
         # LOOKUP, then GETATTR or READ of the same path: remember recent answers (misses too).
@@ -624,19 +622,16 @@ class LowLevelOperations:
         """The data of the file a process opens and asks whether it is a terminal (Python's
         ``open()`` does, for its buffering), read into ``view`` for the kernel's page cache
         before the answer: the READ that follows is then served by the kernel. 0: nothing to
-        store (not a small regular file of an immutable source, or stored before)."""
-        if not self.store_on_open or node in self._stored:
+        store (not a regular file that fits into ``view``, or stored before). The front-end
+        asks only for immutable sources."""
+        if node in self._stored:
             return 0
         info = self._resolve(node)[1][0]
         size = info.size
         if not info.is_file or size == 0 or size > len(view):
             return 0
-        done = 0
-        while done < size:
-            count = self.files.read_unopened(info, done, view[done:size])
-            if count <= 0:
-                return 0  # (shorter than its size: the READ tells)
-            done += count
+        if self.files.read_unopened(info, 0, view[:size]) != size:
+            return 0  # (shorter than its size: the READ tells)
         stored = self._stored
         stored[node] = None
         if len(stored) > STORED_NODES:
