@@ -73,7 +73,7 @@ def info_to_attrs(info: FileInfo) -> Dict[str, int]:
         "st_ctime": info.mtime_ns,
         "st_rdev": info.rdev,
         "st_blksize": 4096,
-        "st_blocks": (info.size + 511) // 512,
+        "st_blocks": info.st_blocks,
     }
 
 

@@ -49,19 +49,21 @@ def notify_store(node: int, offset: int, size: int) -> bytes:
 
 
 def _attr_fields(
-    ino: int, mode: int, size: int, mtime_ns: int, uid: int, gid: int, nlink: int, rdev: int
+    ino: int, mode: int, size: int, mtime_ns: int, uid: int, gid: int, nlink: int, rdev: int, blocks: int
 ) -> Tuple[int, ...]:
     """The fields of ``struct fuse_attr``, from an entry's attributes shown with inode number ``ino``."""
     seconds, nanoseconds = divmod(mtime_ns, 1_000_000_000)
     return (
-        ino, size, (size + 511) // 512, seconds, seconds, seconds, nanoseconds, nanoseconds, nanoseconds,
+        ino, size, blocks, seconds, seconds, seconds, nanoseconds, nanoseconds, nanoseconds,
         mode, nlink, uid, gid, rdev, 4096, 0,
     )  # fmt: skip
 
 
 def _attr_values(info: FileInfo, ino: int) -> Tuple[int, ...]:
     """The fields of ``struct fuse_attr`` for ``info``, shown with inode number ``ino``."""
-    return _attr_fields(ino, info.mode, info.size, info.mtime_ns, info.uid, info.gid, info.nlink, info.rdev)
+    return _attr_fields(
+        ino, info.mode, info.size, info.mtime_ns, info.uid, info.gid, info.nlink, info.rdev, info.st_blocks
+    )
 
 
 def pack_attr(info: FileInfo) -> bytes:
@@ -75,10 +77,12 @@ def entry_out(node: int, attr: bytes, timeout: int) -> bytes:
 
 
 def entry_out_of(
-    node: int, timeout: int, ino: int, mode: int, size: int, mtime_ns: int, uid: int, gid: int, nlink: int, rdev: int
-) -> bytes:
+    node: int, timeout: int, ino: int,
+    mode: int, size: int, mtime_ns: int, uid: int, gid: int, nlink: int, rdev: int, blocks: int,
+) -> bytes:  # fmt: skip
     """``entry_out`` from plain fields (a ``StatRow``'s), the attributes as ``pack_attr`` makes them."""
-    return entry_out(node, _ATTR.pack(*_attr_fields(ino, mode, size, mtime_ns, uid, gid, nlink, rdev)), timeout)
+    attr = _ATTR.pack(*_attr_fields(ino, mode, size, mtime_ns, uid, gid, nlink, rdev, blocks))
+    return entry_out(node, attr, timeout)
 
 
 NEGATIVE_ATTR = bytes(ATTR_SIZE)
@@ -110,13 +114,14 @@ _PLUS_BY_LENGTH: Dict[int, struct.Struct] = {}
 def direntplus(node: int, info: FileInfo, timeout: int, offset: int, name: bytes, ino: int) -> bytes:
     """A READDIRPLUS record: the entry with its attributes and node id, padded to 8 bytes."""
     return direntplus_of(
-        node, timeout, offset, name, ino, info.mode, info.size, info.mtime_ns, info.uid, info.gid, info.nlink, info.rdev
-    )
+        node, timeout, offset, name, ino,
+        info.mode, info.size, info.mtime_ns, info.uid, info.gid, info.nlink, info.rdev, info.st_blocks,
+    )  # fmt: skip
 
 
 def direntplus_of(
     node: int, timeout: int, offset: int, name: bytes, ino: int,
-    mode: int, size: int, mtime_ns: int, uid: int, gid: int, nlink: int, rdev: int,
+    mode: int, size: int, mtime_ns: int, uid: int, gid: int, nlink: int, rdev: int, blocks: int,
 ) -> bytes:  # fmt: skip
     """``direntplus`` from plain fields (listings of a source's ``StatRow``s need no FileInfo).
 
@@ -130,7 +135,7 @@ def direntplus_of(
     seconds, nanoseconds = divmod(mtime_ns, 1_000_000_000)
     return packer.pack(
         node, 0, timeout, timeout, 0, 0,
-        ino, size, (size + 511) // 512, seconds, seconds, seconds, nanoseconds, nanoseconds, nanoseconds,
+        ino, size, blocks, seconds, seconds, seconds, nanoseconds, nanoseconds, nanoseconds,
         mode, nlink, uid, gid, rdev, 4096, 0,
         ino, offset, length, stat.S_IFMT(mode) >> 12, name,
     )  # fmt: skip

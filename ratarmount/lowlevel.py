@@ -130,6 +130,7 @@ IOCTL = ctypes.CFUNCTYPE(
     None, fuse_req_t, fuse_ino_t, ctypes.c_uint, ctypes.c_void_p, FI, ctypes.c_uint,
     ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
 )  # fmt: skip
+LSEEK = ctypes.CFUNCTYPE(None, fuse_req_t, fuse_ino_t, ctypes.c_int64, ctypes.c_int, FI)
 #: The ioctl of ``isatty``
 TCGETS = 0x5401
 
@@ -175,6 +176,7 @@ def _load_library() -> Any:
     replies.fuse_reply_err.argtypes = [fuse_req_t, ctypes.c_int]
     replies.fuse_reply_none.argtypes = [fuse_req_t]
     replies.fuse_reply_none.restype = None
+    replies.fuse_reply_lseek.argtypes = [fuse_req_t, ctypes.c_int64]
     # ``lib``'s own binding (``CDLL``) releases the GIL: for large READ replies, whose copy
     # into the reader's pages takes long enough for another worker to run meanwhile.
     lib.fuse_reply_buf_released = lib.fuse_reply_buf  # type: ignore[attr-defined]
@@ -182,7 +184,7 @@ def _load_library() -> Any:
     replies.fuse_req_ctx.argtypes = [fuse_req_t]
     replies.fuse_req_ctx.restype = ctypes.POINTER(Context)
     lib.fuse_lowlevel_notify_inval_inode.argtypes = [ctypes.c_void_p, fuse_ino_t, ctypes.c_int64, ctypes.c_int64]
-    for function in ("fuse_reply_buf", "fuse_reply_err", "fuse_reply_none", "fuse_req_ctx"):
+    for function in ("fuse_reply_buf", "fuse_reply_err", "fuse_reply_none", "fuse_reply_lseek", "fuse_req_ctx"):
         setattr(lib, function, getattr(replies, function))
     lib.fuse_loop_cfg_create.restype = ctypes.c_void_p
     lib.fuse_loop_cfg_destroy.argtypes = [ctypes.c_void_p]
@@ -431,6 +433,13 @@ class LowLevelFuse:
                 logger.debug("storing the data of node %d failed (%s); its READ tells", node, type(exc).__name__)
             lib.fuse_reply_err(req, errno.ENOTTY)
 
+        def lseek(req: int, node: int, offset: int, whence: int, _fi: Any) -> None:
+            pin()
+            try:
+                lib.fuse_reply_lseek(req, ops.lseek(node, offset, whence))
+            except BaseException as exc:  # noqa: BLE001
+                fail(req, exc, f"lseek of node {node}")
+
         def release(req: int, _node: int, fi: Any) -> None:
             pin()
             try:
@@ -495,6 +504,7 @@ class LowLevelFuse:
             ("readdirplus", READ, listing(True)),
             ("releasedir", NODE_FI, releasedir),
             ("ioctl", IOCTL, ioctl),
+            ("lseek", LSEEK, lseek),
         ):
             callback = prototype(function)
             self._callbacks.append(callback)

@@ -373,12 +373,13 @@ class LowLevelOperations:
                 return self._lookup_slow(parent, name)
             row = replies.get(name)
             if row is not None:
-                _name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev = row
+                _name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, blocks = row
                 if not in_run and stat.S_ISREG(mode):  # (a random open: its data is asked for next)
                     return self._lookup_slow(parent, name)
                 # (The reply is made when asked: most never are, since the prefetcher's listing
                 # answers the rest of a run in the kernel.)
-                return abi.entry_out_of(ino, self._timeout, ino, mode, size, mtime_ns, uid, gid, nlink, rdev), None
+                reply = abi.entry_out_of(ino, self._timeout, ino, mode, size, mtime_ns, uid, gid, nlink, rdev, blocks)
+                return reply, None
             if not name.endswith(VERSIONS_SUFFIX):  # pseudo entries are not listed
                 return self._negative, None
         elif self._stable and self.source.is_immutable:
@@ -651,6 +652,14 @@ class LowLevelOperations:
     def release(self, handle: int) -> None:
         self.files.release(handle)
 
+    def lseek(self, node: int, offset: int, whence: int) -> int:
+        """Where ``SEEK_DATA`` or ``SEEK_HOLE`` from ``offset`` goes in a file (the only
+        ``lseek``s the kernel asks about): a sparse member's holes are its own."""
+        info = self._resolve(node)[1][0]
+        if not info.is_file:
+            raise _errno(errno.EINVAL)
+        return self.source.seek_data(info, offset, whence)
+
     # --- folders ------------------------------------------------------------------------------
     def opendir(self, node: int, full: bool = True) -> bytes:
         """``full``: whether the listing is for our prefetcher (see ``_row_records``)."""
@@ -811,11 +820,11 @@ class LowLevelOperations:
         plus_of = abi.direntplus_of
         records: List[Listed] = []
         offset = index
-        for raw, mode, size, mtime_ns, uid, gid, nlink, ino, rdev in rows:
+        for raw, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, blocks in rows:
             offset += 1
             # (node id 0: the kernel links nothing for it)
             given = 0 if raw == waiting or raw in left_out or not (full or stat.S_ISDIR(mode)) else ino
-            record = plus_of(given, timeout, offset, raw, ino, mode, size, mtime_ns, uid, gid, nlink, rdev)
+            record = plus_of(given, timeout, offset, raw, ino, mode, size, mtime_ns, uid, gid, nlink, rdev, blocks)
             records.append((raw, "", None, record))
             if stat.S_ISDIR(mode):
                 folders[ino] = prefix + raw.decode(ENCODING, "surrogateescape")

@@ -99,7 +99,7 @@ class StatPacker:
                     info.rdev,
                     size,
                     4096,
-                    (size + 511) // 512,
+                    info.st_blocks,
                     seconds,
                     nanoseconds,
                     seconds,

@@ -971,7 +971,7 @@ def test_a_plain_listing_record_is_the_tail_of_the_plus_record(mode: int) -> Non
 
     for length in range(1, 20):
         name = bytes(range(65, 65 + length))
-        plus = abi.direntplus_of(7, TIMEOUT, 3 + length, name, 1234, mode, 99, 10**18 + 5, 1, 2, 3, 0)
+        plus = abi.direntplus_of(7, TIMEOUT, 3 + length, name, 1234, mode, 99, 10**18 + 5, 1, 2, 3, 0, 1)
         assert len(plus) % 8 == 0
         assert plus[abi.ENTRY_SIZE :] == abi.dirent(1234, 3 + length, name, mode)
 

@@ -49,8 +49,13 @@ ROW_COLUMNS = (
 #: 10.5 and 14.5 us; 8 parallel readers 0.65 s with 4 and 16 KiB, 0.76 s with 64 KiB).
 #: Indexes with other page sizes stay valid.
 PAGE_SIZE = 16384
+#: A listing row's ``st_blocks``: the size in 512-byte blocks, rounded up; a sparse member's map
+#: instead, which ``plain_rows`` turns into the blocks of its extents (rare: no SQL function, which
+#: every connection would have to register, and no Python call per row of other folders).
+BLOCKS_SQL = "CASE WHEN sparse IS NULL THEN (size + 511) >> 9 ELSE sparse END"
 _LIST_STATS = (
-    "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino + 1, rdev FROM files WHERE parent = ? AND latest = 1"
+    f"SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino + 1, rdev, {BLOCKS_SQL} "
+    "FROM files WHERE parent = ? AND latest = 1"
 )
 #: ``IndexReader.list_stats``: a folder's entries as ``StatRow`` fields (the root row has no name).
 LIST_STATS_SQL = _LIST_STATS + " AND name != x'' ORDER BY name, id"
@@ -186,10 +191,14 @@ def decode_int(value: "int | bytes") -> int:
     return value if isinstance(value, int) else int(value)
 
 
-def plain_mtimes(rows: List[Tuple[Any, ...]]) -> List[Tuple[Any, ...]]:
-    """Listing rows (``StatRow`` fields) with mtimes beyond 64 bits decoded."""
-    if any(row[3].__class__ is not int for row in rows):
-        rows = [row[:3] + (decode_int(row[3]),) + row[4:] for row in rows]
+def plain_rows(rows: List[Tuple[Any, ...]]) -> List[Tuple[Any, ...]]:
+    """Listing rows (``StatRow`` fields) as queried, with mtimes beyond 64 bits decoded and
+    sparse members' maps (``BLOCKS_SQL``) turned into their blocks."""
+    if any(row[3].__class__ is not int or row[9].__class__ is not int for row in rows):
+        rows = [
+            row[:3] + (decode_int(row[3]),) + row[4:9] + (row[9] if row[9].__class__ is int else sparse_blocks(row[9]),)
+            for row in rows
+        ]
     return rows
 
 
@@ -198,6 +207,13 @@ def pack_sparse(extents: Optional[Sequence[Tuple[int, int]]]) -> Optional[bytes]
         return None
     flat = [v for pair in extents for v in pair]
     return struct.pack(f"<{len(flat)}q", *flat)
+
+
+def sparse_blocks(blob: bytes) -> int:
+    """The 512-byte blocks of a sparse member's stored extents (``pack_sparse``'s form): its
+    ``st_blocks``, as what ``tar -x`` writes of it takes (the holes take none)."""
+    flat = struct.unpack(f"<{len(blob) // 8}q", blob)
+    return (sum(flat[1::2]) + 511) >> 9
 
 
 def unpack_sparse(blob: Optional[bytes]) -> Optional[Tuple[Tuple[int, int], ...]]:
@@ -826,7 +842,8 @@ class IndexReader:
 
     def list_stats(self, parent: bytes) -> List[Tuple[Any, ...]]:
         """``list``'s rows cut to what a listing with attributes needs: name, mode, size,
-        mtime_ns, uid, gid, nlink, ino (+1: the archive's numbering, 1 is the root), rdev.
+        mtime_ns, uid, gid, nlink, ino (+1: the archive's numbering, 1 is the root), rdev,
+        st_blocks (``BLOCKS_SQL``: ``plain_rows`` makes them ``StatRow``s).
         Half the time of ``list`` for a folder of 100 files (fewer columns to copy)."""
         return self._query(LIST_STATS_SQL, (parent,))  # type: ignore[no-any-return]
 

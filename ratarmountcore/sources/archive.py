@@ -30,12 +30,14 @@ from ..index.sqlite_index import (
     Row,
     decode_int,
     encode,
-    plain_mtimes,
+    plain_rows,
     scan_options,
+    sparse_blocks,
     split_path,
     unpack_sparse,
 )
 from ..io import forks
+from ..io.holes import Extents
 from ..io.readers import MemberFile, PlainFileReader, RandomAccessReader, preadinto, will_need
 from ..options import CompressionOptions, OpenOptions
 from ..tar.indexing import NamespacedSeekPoints, index_tar, open_nested_compressed
@@ -64,7 +66,9 @@ def _decode(raw: bytes) -> str:
 
 _new_tuple = tuple.__new__
 # row_to_info builds both tuples positionally: their fields must stay in this order.
-assert FileInfo._fields == ("mode", "size", "mtime_ns", "uid", "gid", "nlink", "ino", "linkname", "rdev", "locator")
+assert FileInfo._fields == (
+    *("mode", "size", "mtime_ns", "uid", "gid", "nlink", "ino", "linkname", "rdev", "locator", "blocks"),
+)
 assert ArchiveLocator._fields == ("offset", "sparse", "source")
 
 
@@ -86,6 +90,7 @@ def row_to_info(row: Row) -> FileInfo:
             _decode(linkname) if linkname else "",
             rdev,
             _new_tuple(ArchiveLocator, (offset, sparse, src)),
+            None if sparse is None else sparse_blocks(sparse),
         ),
     )
 
@@ -261,14 +266,14 @@ class ArchiveSource(RenewedAfterFork, MountSource):
         plain = self._plain_folder(path)
         if not plain:
             return None if plain is None else super().list_stat_rows(path)
-        return plain_mtimes(self._index.list_stats(encode(path)))
+        return plain_rows(self._index.list_stats(encode(path)))
 
     def list_stat_rows_after(self, path: str, after: Optional[bytes], limit: int) -> Optional[List[StatRow]]:
         plain = self._plain_folder(path)
         if not plain:
             return None if plain is None else super().list_stat_rows_after(path, after, limit)
         # (b"" sorts before every name; the archive's own "./" row, named b"", is not listed)
-        return plain_mtimes(self._index.list_stats_after(encode(path), after or b"", limit))
+        return plain_rows(self._index.list_stats_after(encode(path), after or b"", limit))
 
     def list_name_rows_after(self, path: str, after: Optional[bytes], limit: int) -> Optional[List[NameRow]]:
         plain = self._plain_folder(path)
@@ -296,6 +301,12 @@ class ArchiveSource(RenewedAfterFork, MountSource):
             reader, locator.offset, info.size, unpack_sparse(locator.sparse), guard=guard,
             renew=functools.partial(self._reader_after_fork, locator.source),
         )  # fmt: skip
+
+    def data_extents(self, info: FileInfo) -> Optional[Extents]:
+        locator = info.locator
+        if not isinstance(locator, ArchiveLocator) or locator.sparse is None:
+            return None
+        return unpack_sparse(locator.sparse)
 
     def read_into(self, info: FileInfo, offset: int, view: memoryview) -> int:
         # What ``MemberFile.preadinto`` does, without making (and closing) one for each read: a

@@ -24,6 +24,8 @@ from ..errors import (
     NotFoundError,
 )
 from ..index.dirents import DirentBlock
+from ..io import holes
+from ..io.holes import Extents
 from ..io.readers import MemberFile
 
 #: Names of pseudo folders ``PATH.versions`` (every version of a member), which listings leave out.
@@ -45,6 +47,9 @@ class FileInfo(NamedTuple):
     rdev: int = 0
     #: Source-specific locator of the data (typed by each source; opaque to everyone else).
     locator: Any = None
+    #: 512-byte blocks the data takes, where it is not the size rounded up: a sparse member
+    #: (its stored extents) or a file on disk (its own count). ``st_blocks`` is what is shown.
+    blocks: Optional[int] = None
 
     @property
     def is_dir(self) -> bool:
@@ -58,15 +63,20 @@ class FileInfo(NamedTuple):
     def is_file(self) -> bool:
         return stat_module.S_ISREG(self.mode)
 
+    @property
+    def st_blocks(self) -> int:
+        """``st_blocks``: ``blocks`` where known, else the size in 512-byte blocks, rounded up."""
+        blocks = self.blocks
+        return (self.size + 511) >> 9 if blocks is None else blocks
+
     def to_stat_result(self) -> os.stat_result:
         mtime = self.mtime_ns / 1e9
         seconds = self.mtime_ns // 10**9  # (whole seconds, as os.stat's; the float rounds up near a second)
-        blocks = (self.size + 511) // 512
         return os.stat_result(
             (self.mode, self.ino, 0, self.nlink, self.uid, self.gid, self.size, seconds, seconds, seconds)
             + (mtime, mtime, mtime)
             + (self.mtime_ns, self.mtime_ns, self.mtime_ns)
-            + (4096, blocks, self.rdev),
+            + (4096, self.st_blocks, self.rdev),
         )
 
 
@@ -77,8 +87,8 @@ def normalize(path: str) -> str:
 
 
 #: An entry of a listing as plain fields: name (UTF-8 bytes, other bytes kept as they were),
-#: mode, size, mtime_ns, uid, gid, nlink, ino, rdev -- ``FileInfo``'s meanings.
-StatRow = Tuple[bytes, int, int, int, int, int, int, int, int]
+#: mode, size, mtime_ns, uid, gid, nlink, ino, rdev, st_blocks -- ``FileInfo``'s meanings.
+StatRow = Tuple[bytes, int, int, int, int, int, int, int, int, int]
 #: name, mode, ino: a listing entry without its other attributes.
 NameRow = Tuple[bytes, int, int]
 
@@ -124,7 +134,8 @@ class MountSource(ABC):
         if entries is None:
             return None
         return [
-            (name.encode("utf-8", "surrogateescape"), i.mode, i.size, i.mtime_ns, i.uid, i.gid, i.nlink, i.ino, i.rdev)
+            (name.encode("utf-8", "surrogateescape"), i.mode, i.size, i.mtime_ns, i.uid, i.gid)
+            + (i.nlink, i.ino, i.rdev, i.st_blocks)
             for name, i in entries
         ]
 
@@ -167,6 +178,16 @@ class MountSource(ABC):
             return member.preadinto(offset, view)
         finally:
             member.close()
+
+    def data_extents(self, info: FileInfo) -> Optional[Extents]:
+        """(offset, length) of the parts of regular file ``info`` that hold data, in order; the
+        rest reads as zeros (``io/holes.py``). None: all of it (the default)."""
+        return None
+
+    def seek_data(self, info: FileInfo, offset: int, whence: int) -> int:
+        """``lseek`` with ``SEEK_DATA`` or ``SEEK_HOLE`` in regular file ``info``: the offset it
+        goes to, or ``OSError`` ENXIO (``io/holes.py``)."""
+        return holes.seek_data(info.size, self.data_extents(info), offset, whence)
 
     def close(self) -> None:  # noqa: B027 - a default, not a primitive
         """Release files and connections."""

@@ -124,7 +124,7 @@ def _member_ino(base: int, ino: int) -> int:
 
 
 _new_tuple = tuple.__new__
-assert FileInfo._fields[6] == "ino" and FileInfo._fields[9] == "locator" and len(FileInfo._fields) == 10
+assert FileInfo._fields[6] == "ino" and FileInfo._fields[9] == "locator" and len(FileInfo._fields) == 11
 assert MemberLocator._fields == ("archive", "source", "info")
 
 
@@ -452,6 +452,7 @@ class DirectorySource(MountSource):
             mode=st.st_mode, size=st.st_size if not stat.S_ISDIR(st.st_mode) else 0, mtime_ns=st.st_mtime_ns,
             uid=st.st_uid, gid=st.st_gid, nlink=st.st_nlink, ino=0, linkname=linkname, rdev=st.st_rdev,
             locator=FileLocator(relative, (st.st_dev, st.st_ino, st.st_ctime_ns) if stat.S_ISREG(st.st_mode) else ()),
+            blocks=st.st_blocks if stat.S_ISREG(st.st_mode) else None,
         )  # fmt: skip
 
     @staticmethod
@@ -464,7 +465,7 @@ class DirectorySource(MountSource):
             FileInfo,
             (
                 *info[:6], _member_ino(base, info[6]), info[7], info[8],
-                _new_tuple(MemberLocator, (relative, source, info)),
+                _new_tuple(MemberLocator, (relative, source, info)), info[10],
             ),
         )  # fmt: skip
 
@@ -623,8 +624,8 @@ class DirectorySource(MountSource):
         if rows is None:
             return None
         return [
-            (name, mode, size, mtime_ns, uid, gid, nlink, _member_ino(base, ino), rdev)
-            for name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev in rows
+            (name, mode, size, mtime_ns, uid, gid, nlink, _member_ino(base, ino), rdev, blocks)
+            for name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, blocks in rows
         ]
 
     def _listed_archive(self, path: str) -> Optional[Tuple[bool, Optional[MountSource], str, int]]:
@@ -661,15 +662,9 @@ class DirectorySource(MountSource):
         ``a/b.tar`` -> ``/x/y``."""
         return "/" + "/".join(path.strip("/").split("/")[archive_relative.count("/") + 1 :])
 
-    def open_info(self, info: FileInfo) -> MemberFile:
-        if self._generation != forks.generation:
-            self._renew()
-        locator = info.locator
-        if isinstance(locator, MemberLocator):
-            return locator.source.open_info(locator.info)
-        if not isinstance(locator, FileLocator) or not locator.relative or not info.is_file:
-            # (devices and FIFOs are not opened at all: opening some has effects, a tape rewinds)
-            raise NotFoundError(2, "not a regular file of this folder")
+    def _open_file(self, locator: FileLocator) -> Tuple[int, os.stat_result]:
+        """A descriptor of the regular file ``locator`` names (the caller closes it) and its
+        status; ``ReplacedFileError`` when another file has its name since it was looked up."""
         resolved = self._resolve("/" + locator.relative, shown=False)
         if resolved is None or resolved.archive is not None:
             raise NotFoundError(2, "No such file or directory", locator.relative)
@@ -679,15 +674,41 @@ class DirectorySource(MountSource):
             raise OSError(exc.errno, exc.strerror, locator.relative) from None
         finally:
             self._done(resolved)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise NotFoundError(2, "not a regular file", locator.relative)
+            # (The same file, also when written to since: its change time is not compared here.)
+            if locator.identity and locator.identity[:2] != (st.st_dev, st.st_ino):
+                raise ReplacedFileError(errno.ESTALE, "replaced since it was looked up", locator.relative)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, st
+
+    def seek_data(self, info: FileInfo, offset: int, whence: int) -> int:
+        locator = info.locator
+        if isinstance(locator, MemberLocator):
+            return locator.source.seek_data(locator.info, offset, whence)
+        if not isinstance(locator, FileLocator) or not locator.relative or not info.is_file:
+            raise NotFoundError(2, "not a regular file of this folder")
+        fd, _st = self._open_file(locator)
+        try:
+            return os.lseek(fd, offset, whence)  # (the file's own holes, as its file system tells)
+        finally:
+            os.close(fd)
+
+    def open_info(self, info: FileInfo) -> MemberFile:
+        if self._generation != forks.generation:
+            self._renew()
+        locator = info.locator
+        if isinstance(locator, MemberLocator):
+            return locator.source.open_info(locator.info)
+        if not isinstance(locator, FileLocator) or not locator.relative or not info.is_file:
+            # (devices and FIFOs are not opened at all: opening some has effects, a tape rewinds)
+            raise NotFoundError(2, "not a regular file of this folder")
+        fd, st = self._open_file(locator)
         reader = PlainFileReader.from_fd(os.path.join(self.path, locator.relative), fd)
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            reader.close()
-            raise NotFoundError(2, "not a regular file", locator.relative)
-        # (The same file, also when written to since: its change time is not compared here.)
-        if locator.identity and locator.identity[:2] != (st.st_dev, st.st_ino):
-            reader.close()
-            raise ReplacedFileError(errno.ESTALE, "replaced since it was looked up", locator.relative)
 
         def current_size() -> int:  # (the file may have grown since: a log being written)
             reader.size = os.fstat(reader.fd).st_size

@@ -26,10 +26,11 @@ from ..index.pool import ConnectionPool, read_only_uri
 from ..index.sqlite_index import (
     _INT64_MAX,
     _INT64_MIN,
+    BLOCKS_SQL,
     IMPLICIT,
     encode,
     encode_big_int,
-    plain_mtimes,
+    plain_rows,
     split_path,
 )
 from ..io import forks, sqlite_gate
@@ -46,21 +47,21 @@ logger = logging.getLogger(__name__)
 _S_IFMT = 0o170000
 #: A path component naming an entry's versions (``PATH.versions/``).
 _VERSIONS_PART = VERSIONS_SUFFIX.decode() + "/"
-UNION_FORMAT = "12"  # 5: a folder replaced by a file takes its entries with it; 6: ``implied``;
+UNION_FORMAT = "13"  # 5: a folder replaced by a file takes its entries with it; 6: ``implied``;
 # 7: nothing below an earlier source's file that a later source only implies as a folder;
 # 8: ``barriers``; 9: ``kinds`` (instead of barriers); 10: folders' link counts of the union;
 # 11: a file over a folder that holds something is refused, as by tar -x; 12: files' link counts
-# leave out the names of a hard link that a later source replaced
+# leave out the names of a hard link that a later source replaced; 13: ``blocks``
 #: A folder's rows from the union table (``StatRow`` fields) after a name, in name order.
 _STAT_ROWS_SQL = (
-    "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev FROM entries "
+    "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, blocks FROM entries "
     "WHERE parent = ? AND name > ? ORDER BY name LIMIT ?"
 )
 #: ``_STAT_ROWS_SQL`` with name, mode and inode number only (listings without attributes).
 _NAME_ROWS_SQL = "SELECT name, mode, ino FROM entries WHERE parent = ? AND name > ? ORDER BY name LIMIT ?"
 #: ``_STAT_ROWS_SQL`` with each row's source (merged with the sources that may change).
 _SOURCE_ROWS_SQL = (
-    "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, source, implied FROM entries "
+    "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, blocks, source, implied FROM entries "
     "WHERE parent = ? AND name > ? ORDER BY name LIMIT ?"
 )
 #: The link counts of a folder's folders in the union table.
@@ -105,7 +106,7 @@ def _refused(
         else:
             kept.extend(
                 conn.execute(
-                    "SELECT parent, name, source, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, implied "
+                    "SELECT parent, name, source, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, blocks, implied "
                     "FROM entries WHERE parent = ? AND name = ?",
                     (parent, name),
                 )
@@ -211,10 +212,10 @@ class UnionSource(MountSource):
             "CREATE TABLE entries (parent BLOB NOT NULL, name BLOB NOT NULL, source INTEGER NOT NULL, "
             "mode INTEGER NOT NULL, size INTEGER NOT NULL, mtime_ns NOT NULL, uid INTEGER NOT NULL, "
             "gid INTEGER NOT NULL, nlink INTEGER NOT NULL, ino INTEGER NOT NULL, rdev INTEGER NOT NULL, "
-            "implied INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (parent, name)) WITHOUT ROWID"
-        )
-        columns = "(parent, name, source, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, implied)"
-        insert_rows = f"INSERT OR REPLACE INTO entries {columns} VALUES ({', '.join('?' * 12)})"
+            "blocks NOT NULL, implied INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (parent, name)) WITHOUT ROWID"
+        )  # (``blocks``: an index's ``BLOCKS_SQL``, a sparse member's map until ``plain_rows``)
+        columns = "(parent, name, source, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, blocks, implied)"
+        insert_rows = f"INSERT OR REPLACE INTO entries {columns} VALUES ({', '.join('?' * 13)})"
         if self._mutable:
             # Each archive's kind of entry (union_replay: FILE, FOLDER, IMPLIED) at the names some
             # archive has as a folder: what tar -x left there before each source, which lookups
@@ -239,7 +240,7 @@ class UnionSource(MountSource):
                 )
                 select = (
                     f"SELECT parent, name, {number}, mode, size, mtime_ns, uid, gid, nlink, {numbered}, rdev, "
-                    "offset_header = ? FROM src.files WHERE latest = 1 AND name != x'' AND offset_header"
+                    f"{BLOCKS_SQL}, offset_header = ? FROM src.files WHERE latest = 1 AND name != x'' AND offset_header"
                 )
                 replaced, kept = _refused(
                     conn,
@@ -277,9 +278,9 @@ class UnionSource(MountSource):
                 for folder, _dirs, _files in source.walk("/"):
                     parent = encode(folder)
                     for row in source.list_stat_rows(folder) or []:
-                        name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev = self._shift(number, row)
+                        name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, blocks = self._shift(number, row)
                         mtime = mtime_ns if _INT64_MIN <= mtime_ns <= _INT64_MAX else encode_big_int(mtime_ns)
-                        rows.append((parent, name, number, mode, size, mtime, uid, gid, nlink, ino, rdev, 0))
+                        rows.append((parent, name, number, mode, size, mtime, uid, gid, nlink, ino, rdev, blocks, 0))
                         if not stat.S_ISDIR(mode) and (parent, name) in folders:
                             files_over_folders.append((parent, name))
                 replaced, kept = _refused(conn, files_over_folders)
@@ -518,9 +519,9 @@ class UnionSource(MountSource):
         upper = table[-1][0] if 0 <= part <= len(table) else None
         rows: Dict[Tuple[bytes, int], StatRow] = {}
         winners: Dict[bytes, Tuple[int, int, int]] = {}  # name -> (source, mode, implied) of the table
-        for row, full in zip(plain_mtimes([r[:9] for r in table]), table):
-            rows[row[0], full[9]] = row
-            winners[row[0]] = (full[9], row[1], full[10])
+        for row, full in zip(plain_rows([r[:10] for r in table]), table):
+            rows[row[0], full[10]] = row
+            winners[row[0]] = (full[10], row[1], full[11])
         # Names more than one source claims: every archive's claim (``kinds``), the folder sources'.
         contested: Dict[bytes, List[Claim]] = {}
         for name, source, kind in self._query(_CHILD_KINDS_SQL, (encoded, after or b"", upper)):
@@ -558,7 +559,10 @@ class UnionSource(MountSource):
                 if info is None:
                     continue
                 ino = self._ino(number, info.ino)
-                found = (name, info.mode, info.size, info.mtime_ns, info.uid, info.gid, info.nlink, ino, info.rdev)
+                found = (
+                    name, info.mode, info.size, info.mtime_ns, info.uid, info.gid,
+                    info.nlink, ino, info.rdev, info.st_blocks,
+                )  # fmt: skip
             merged.append((found, number))
             if len(merged) == limit:
                 break
@@ -647,7 +651,7 @@ class UnionSource(MountSource):
             source = self.sources[number]
             found = source.list_stat_rows(path) if limit < 0 else source.list_stat_rows_after(path, after, limit)
             return [self._shift(number, row) for row in found or []]
-        return plain_mtimes(rows)  # type: ignore[return-value]
+        return plain_rows(rows)  # type: ignore[return-value]
 
     def list_name_rows_after(self, path: str, after: Optional[bytes], limit: int) -> Optional[List[NameRow]]:
         info, above = self._folder(path)
@@ -663,7 +667,7 @@ class UnionSource(MountSource):
 
     def _shift(self, number: int, row: StatRow) -> StatRow:
         """``row`` with its inode number as ``_wrap`` gives it."""
-        return (row[0], row[1], row[2], row[3], row[4], row[5], row[6], self._ino(number, row[7]), row[8])
+        return (row[0], row[1], row[2], row[3], row[4], row[5], row[6], self._ino(number, row[7]), row[8], row[9])
 
     def list_entries(self, path: str) -> Optional[Iterable[Tuple[str, FileInfo]]]:
         info, above = self._folder(path)
@@ -747,6 +751,12 @@ class UnionSource(MountSource):
         if not isinstance(locator, UnionLocator):
             raise FileNotFoundError(2, "not a file of this union")
         return self.sources[locator.source].read_into(locator.info, offset, view)
+
+    def seek_data(self, info: FileInfo, offset: int, whence: int) -> int:
+        locator = info.locator
+        if not isinstance(locator, UnionLocator):
+            raise FileNotFoundError(2, "not a file of this union")
+        return self.sources[locator.source].seek_data(locator.info, offset, whence)
 
     def expect_reads(self) -> None:
         for source in self.sources:
