@@ -5,6 +5,7 @@ written -- through the Python API, a mount, a union and a folder source."""
 from __future__ import annotations
 
 import errno
+import gzip
 import os
 import subprocess
 import tarfile
@@ -104,10 +105,18 @@ def _blocks(extents: Sequence[Tuple[int, int]]) -> int:
     return (sum(length for _, length in extents) + 511) // 512
 
 
-def test_sparse_members_show_their_stored_blocks_and_holes(sparse_tar: Tuple[Path, bytes]) -> None:
+@pytest.mark.parametrize("compressed", [False, True])
+def test_sparse_members_show_their_stored_blocks_and_holes(
+    sparse_tar: Tuple[Path, bytes], compressed: bool, tmp_path: Path
+) -> None:
+    """Also in a compressed archive (the map is the index's, whatever holds the tar)."""
     archive, data = sparse_tar
     extents = _tarfile_map(archive, "s.bin")
-    with ratarmountcore.open(str(archive)) as src:
+    opened = archive
+    if compressed:
+        opened = tmp_path / (archive.name + ".gz")
+        opened.write_bytes(gzip.compress(archive.read_bytes()))
+    with ratarmountcore.open(str(opened)) as src:
         for path in ("/s.bin", "/d/t.bin"):
             info = src.info(path)
             assert info.size == SIZE
