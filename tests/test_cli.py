@@ -1209,9 +1209,13 @@ def test_two_mounts_at_one_point_started_together_make_one_mount(slow_archive: P
     mnt.mkdir()
     processes = []
     try:
-        for index_folder in (tmp_path / "idx1", tmp_path / "idx2"):
-            processes.append(_start_mount(slow_archive, index_folder, mnt))
-            _building(slow_archive, index_folder, processes[-1])
+        # Both started at once, so that both builds run together: started one after the other,
+        # the second one's Python start-up on a busy machine outlasted the first one's build, and
+        # it found the mount there before it built (a test run beside two busy loops).
+        folders = (tmp_path / "idx1", tmp_path / "idx2")
+        processes = [_start_mount(slow_archive, index_folder, mnt) for index_folder in folders]
+        for index_folder, process in zip(folders, processes):
+            _building(slow_archive, index_folder, process)
         results = sorted((p.wait(timeout=120), p.stderr.read() if p.stderr else "") for p in processes)
         assert [code for code, _ in results] == [0, 1]
         assert "is already a mount point" in results[1][1]
