@@ -3,19 +3,21 @@ ratarmount shows (Python API and a real FUSE mount) == what ``tar -x`` extracts.
 
 The trees have nested and empty directories, files with random bytes (empty ones and sizes around
 block boundaries), names above 100 bytes and paths above 255 bytes, non-ASCII and non-UTF-8
-names, symlinks (dangling, absolute, long, non-UTF-8 targets), hard links, odd permissions
-(0o000, setuid, sticky, ...), large owners and varied (also fractional and negative) mtimes.
+names, symlinks (dangling, absolute, long, non-UTF-8 targets), hard links, files with holes
+(archived sparse by GNU tar), odd permissions (0o000, setuid, sticky, ...), large owners and
+varied (also fractional and negative) mtimes.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import pytest
 from conftest import fuse_available, lazy_unmount, run_ratarmount
@@ -117,6 +119,9 @@ class Node:
     target: str = ""  # symlink target
     link_to: Optional[Tuple[str, ...]] = None  # hard link: path of an existing file
     rdev: int = 0  # devices
+    #: A file with holes (kind "s"): its size and the (offset, bytes) written into it.
+    size: int = 0
+    pieces: List[Tuple[int, bytes]] = field(default_factory=list)
 
 
 @dataclass
@@ -140,7 +145,7 @@ def trees(draw: st.DrawFn) -> Tree:
     used: Dict[Tuple[str, ...], set] = {(): set()}
     special = "cbp" if IS_ROOT else ""
     for _ in range(draw(st.integers(1, 12))):
-        kind = draw(st.sampled_from(("dffflhd" if files else "dffld") + special))
+        kind = draw(st.sampled_from(("dffflhds" if files else "dfflds") + special))
         parent = draw(st.sampled_from(dirs))
         name = draw(names)
         raw = os.fsencode(name)
@@ -158,6 +163,13 @@ def trees(draw: st.DrawFn) -> Tree:
         elif kind == "f":
             node.mode = draw(st.sampled_from(FILE_MODES))
             node.data = draw(file_data)
+            files.append(path)
+        elif kind == "s":
+            node.mode = draw(st.sampled_from(FILE_MODES))
+            node.size = draw(st.integers(0, 80_000))
+            offsets = st.integers(0, max(0, node.size - 1)).map(lambda o: o // 512 * 512)
+            pieces = st.tuples(offsets, st.binary(min_size=1, max_size=1100))
+            node.pieces = draw(st.lists(pieces, max_size=3)) if node.size else []
             files.append(path)
         elif kind == "l":
             node.target = draw(link_targets)
@@ -180,6 +192,12 @@ def materialize(tree: Tree, root: Path) -> int:
             full.mkdir()
         elif node.kind == "f":
             full.write_bytes(node.data)
+        elif node.kind == "s":
+            with open(full, "wb") as f:
+                f.truncate(node.size)
+                for offset, data in node.pieces:
+                    f.seek(offset)
+                    f.write(data[: node.size - offset])
         elif node.kind == "l":
             os.symlink(node.target, full)
         elif node.kind in "cb":
@@ -233,7 +251,7 @@ def make_archive(tree: Tree, root: Path, archive: Path, fmt: str) -> bool:
             return False
         return True
     members = ["."] if tree.with_root_entry or not top else top
-    gnu_tar_create(archive, root, GNU_FORMATS[fmt], members=members)
+    gnu_tar_create(archive, root, GNU_FORMATS[fmt], "--sparse", members=members)
     return True
 
 
@@ -255,6 +273,44 @@ def extract(archive: Path, work: Path, count: int) -> Tuple[dict, set]:
     # Not vacuous: every generated entry came out of the archive (plus the root).
     assert len(expected) == count + 1, f"{archive.name}: tar -x gave {len(expected) - 1} entries, generated {count}"
     return expected, implicit_dirs_of(archive, expected)
+
+
+def _source_blocks(src: MountSource, path: Tuple[str, ...]) -> int:
+    return src.stat("/" + "/".join(path)).st_blocks
+
+
+def _mounted_blocks(mnt: Path, path: Tuple[str, ...]) -> int:
+    return os.lstat(mnt.joinpath(*path)).st_blocks
+
+
+_PLAIN_BLOCKS: Dict[int, bool] = {}
+
+
+def _plain_blocks(folder: Path) -> bool:
+    """Whether files in ``folder`` take the blocks their data needs, no fewer (no compression,
+    as on ZFS or btrfs with it) and no holes where zeros were written: then ``tar -x``'s copy
+    of a file is a bound for the blocks a mount shows for it. Asked once per file system."""
+    device = folder.stat().st_dev
+    if device not in _PLAIN_BLOCKS:
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            probe = Path(tmp) / "probe"
+            with open(probe, "wb") as f:
+                f.write(bytes(65536))
+                f.truncate(3 * 65536)
+                os.fsync(f.fileno())
+            _PLAIN_BLOCKS[device] = 128 <= probe.stat().st_blocks < 384
+    return _PLAIN_BLOCKS[device]
+
+
+def check_blocks_of_holes(tree: Tree, extracted: Path, blocks_of: Callable[[Tuple[str, ...]], int], label: str) -> None:
+    """A file with holes takes no more blocks than ``tar -x``'s copy of it: the holes take none
+    (they took the whole size's before, so ``du`` counted them and ``cp`` copied zeros)."""
+    if not _plain_blocks(extracted.parent):
+        return
+    for node in tree.nodes:
+        if node.kind == "s":
+            ours, theirs = blocks_of(node.path), os.lstat(extracted.joinpath(*node.path)).st_blocks
+            assert ours <= theirs, f"{label}: {'/'.join(node.path)!r} shows {ours} blocks, tar -x wrote {theirs}"
 
 
 # --- the properties -----------------------------------------------------------------------------------
@@ -292,6 +348,8 @@ def test_api_matches_tar_extraction(tree: Tree) -> None:
                     if block is not None:
                         records = [dirents.record(r[7], i, r[0], r[1]) for i, r in enumerate(in_order, 3)]
                         assert block.records == b"".join(records), f"{archive.name}: {folder}"
+                blocks_of = functools.partial(_source_blocks, src)
+                check_blocks_of_holes(tree, work / (archive.name + ".x"), blocks_of, archive.name)
             compare_trees(expected, actual, implicit, check_root="/" not in implicit, label=archive.name)
 
 
@@ -311,6 +369,8 @@ def test_fuse_mount_matches_tar_extraction(tree: Tree) -> None:
             try:
                 assert os.path.ismount(mnt)
                 actual = snapshot_dir(mnt)
+                blocks_of = functools.partial(_mounted_blocks, mnt)
+                check_blocks_of_holes(tree, work / (archive.name + ".x"), blocks_of, f"{archive.name} (FUSE)")
             finally:
                 lazy_unmount(mnt)
             compare_trees(expected, actual, implicit, check_root="/" not in implicit, label=f"{archive.name} (FUSE)")
