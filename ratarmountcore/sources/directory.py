@@ -687,6 +687,8 @@ class DirectorySource(MountSource):
         return fd, st
 
     def seek_data(self, info: FileInfo, offset: int, whence: int) -> int:
+        if self._generation != forks.generation:
+            self._renew()
         locator = info.locator
         if isinstance(locator, MemberLocator):
             return locator.source.seek_data(locator.info, offset, whence)
