@@ -128,7 +128,15 @@ def test_sparse_members_show_their_stored_blocks_and_holes(
                 src.seek_data(info, SIZE, os.SEEK_HOLE)
             with src.open(path) as f:
                 assert f.read() == data
+                # The file object finds the holes too (Python users without FUSE).
+                for offset in (0, (1 << 20) + 1, 2 << 20, SIZE - 1):
+                    for whence in (os.SEEK_DATA, os.SEEK_HOLE):
+                        assert f.seek(offset, whence) == _model(SIZE, extents, offset, whence) == f.tell()
+                with pytest.raises(OSError, match="No such device or address"):
+                    f.seek(SIZE, os.SEEK_DATA)
         assert src.stat("/dense.bin").st_blocks == 20  # (not sparse: from the size)
+        with src.open("/dense.bin") as f:
+            assert f.seek(5, os.SEEK_DATA) == 5 and f.seek(5, os.SEEK_HOLE) == 10000
         rows = {row[0]: row for row in src.list_stat_rows("/") or []}
         assert rows[b"s.bin"][9] == _blocks(extents) and rows[b"dense.bin"][9] == 20
         assert [row[9] for row in src.list_stat_rows_after("/d", None, 5) or []] == [_blocks(extents)]

@@ -16,7 +16,7 @@ import stat
 import threading
 from typing import Callable, Optional, Protocol, Sequence, Tuple
 
-from . import forks
+from . import forks, holes
 
 
 class RandomAccessReader(Protocol):
@@ -223,11 +223,14 @@ class ReaderStream(io.RawIOBase):
 
 
 Extent = Tuple[int, int]  # (offset in the member file, length); stored back to back in the archive
+#: ``whence`` values that find data and holes (``os.SEEK_DATA``, ``os.SEEK_HOLE`` on Linux).
+_SEEK_HOLES = tuple(getattr(os, name) for name in ("SEEK_DATA", "SEEK_HOLE") if hasattr(os, name))
 
 
 class MemberFile(io.RawIOBase):
     """Seekable, read-only view of one member: ``size`` bytes at ``data_offset`` of ``reader``,
-    or, for sparse members, the listed extents with zeros in the holes.
+    or, for sparse members, the listed extents with zeros in the holes (``seek`` with
+    ``os.SEEK_DATA``/``os.SEEK_HOLE`` finds them; other members are data to their end).
 
     Each handle has its own position; the underlying reader is shared and thread-safe.
     """
@@ -402,6 +405,8 @@ class MemberFile(io.RawIOBase):
                 new = self._pos + offset
             elif whence == io.SEEK_END:
                 new = self._size + offset
+            elif whence in _SEEK_HOLES:  # (OSError ENXIO past the data, as lseek(2))
+                new = holes.seek_data(self._size, self._extents if self._sparse else None, offset, whence)
             else:
                 raise ValueError(f"invalid whence {whence}")
             if new < 0:
