@@ -212,8 +212,7 @@ def pack_sparse(extents: Optional[Sequence[Tuple[int, int]]]) -> Optional[bytes]
 def sparse_blocks(blob: bytes) -> int:
     """The 512-byte blocks of a sparse member's stored extents (``pack_sparse``'s form): its
     ``st_blocks``, as what ``tar -x`` writes of it takes (the holes take none)."""
-    flat = struct.unpack(f"<{len(blob) // 8}q", blob)
-    return (sum(flat[1::2]) + 511) >> 9
+    return (sum(length for _, length in unpack_sparse(blob) or ()) + 511) >> 9
 
 
 def unpack_sparse(blob: Optional[bytes]) -> Optional[Tuple[Tuple[int, int], ...]]:

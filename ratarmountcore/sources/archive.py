@@ -67,8 +67,8 @@ def _decode(raw: bytes) -> str:
 _new_tuple = tuple.__new__
 # row_to_info builds both tuples positionally: their fields must stay in this order.
 assert FileInfo._fields == (
-    *("mode", "size", "mtime_ns", "uid", "gid", "nlink", "ino", "linkname", "rdev", "locator", "blocks"),
-)
+    "mode", "size", "mtime_ns", "uid", "gid", "nlink", "ino", "linkname", "rdev", "locator", "blocks"
+)  # fmt: skip
 assert ArchiveLocator._fields == ("offset", "sparse", "source")
 
 

@@ -662,9 +662,14 @@ class DirectorySource(MountSource):
         ``a/b.tar`` -> ``/x/y``."""
         return "/" + "/".join(path.strip("/").split("/")[archive_relative.count("/") + 1 :])
 
-    def _open_file(self, locator: FileLocator) -> Tuple[int, os.stat_result]:
-        """A descriptor of the regular file ``locator`` names (the caller closes it) and its
-        status; ``ReplacedFileError`` when another file has its name since it was looked up."""
+    def _open_file(self, info: FileInfo) -> Tuple[int, os.stat_result, str]:
+        """A descriptor of regular file ``info`` of the folder itself, not of an archive in it
+        (the caller closes it), its status and its relative path; ``ReplacedFileError`` when
+        another file has its name since it was looked up."""
+        locator = info.locator
+        if not isinstance(locator, FileLocator) or not locator.relative or not info.is_file:
+            # (devices and FIFOs are not opened at all: opening some has effects, a tape rewinds)
+            raise NotFoundError(2, "not a regular file of this folder")
         resolved = self._resolve("/" + locator.relative, shown=False)
         if resolved is None or resolved.archive is not None:
             raise NotFoundError(2, "No such file or directory", locator.relative)
@@ -684,7 +689,7 @@ class DirectorySource(MountSource):
         except BaseException:
             os.close(fd)
             raise
-        return fd, st
+        return fd, st, locator.relative
 
     def seek_data(self, info: FileInfo, offset: int, whence: int) -> int:
         if self._generation != forks.generation:
@@ -692,9 +697,7 @@ class DirectorySource(MountSource):
         locator = info.locator
         if isinstance(locator, MemberLocator):
             return locator.source.seek_data(locator.info, offset, whence)
-        if not isinstance(locator, FileLocator) or not locator.relative or not info.is_file:
-            raise NotFoundError(2, "not a regular file of this folder")
-        fd, _st = self._open_file(locator)
+        fd, _st, _relative = self._open_file(info)
         try:
             return os.lseek(fd, offset, whence)  # (the file's own holes, as its file system tells)
         finally:
@@ -706,19 +709,14 @@ class DirectorySource(MountSource):
         locator = info.locator
         if isinstance(locator, MemberLocator):
             return locator.source.open_info(locator.info)
-        if not isinstance(locator, FileLocator) or not locator.relative or not info.is_file:
-            # (devices and FIFOs are not opened at all: opening some has effects, a tape rewinds)
-            raise NotFoundError(2, "not a regular file of this folder")
-        fd, st = self._open_file(locator)
-        reader = PlainFileReader.from_fd(os.path.join(self.path, locator.relative), fd)
+        fd, st, relative = self._open_file(info)
+        reader = PlainFileReader.from_fd(os.path.join(self.path, relative), fd)
 
         def current_size() -> int:  # (the file may have grown since: a log being written)
             reader.size = os.fstat(reader.fd).st_size
             return reader.size
 
-        return MemberFile(
-            reader, 0, st.st_size, name=locator.relative, on_close=reader.close, current_size=current_size
-        )
+        return MemberFile(reader, 0, st.st_size, name=relative, on_close=reader.close, current_size=current_size)
 
     def statfs(self) -> Dict[str, int]:
         st = os.statvfs(self._fd)
