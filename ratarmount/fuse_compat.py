@@ -31,6 +31,13 @@ except (ImportError, OSError) as exc:  # reported by the CLI; OSError: mfusepy f
 else:
     IMPORT_ERROR = None
 
+#: A writable memoryview over C memory, made without a ctypes array type: ``c_char * size`` makes
+#: (and ctypes caches for good) one type per distinct size.
+_memory_view_of = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)(
+    ("PyMemoryView_FromMemory", ctypes.pythonapi)
+)
+_PYBUF_WRITE = 0x200
+
 FUSE_READDIR_PLUS = 1
 FUSE_FILL_DIR_PLUS = 2
 FUSE_UNKNOWN_INO = 0xFFFFFFFF  # libfuse's "no inode number": it picks one
@@ -63,7 +70,7 @@ if fuse is not None:
         def read(self, path: Optional[bytes], buf: Any, size: int, offset: int, fip: Any) -> int:
             """Read straight into libfuse's buffer (no bytes object, no extra copy)."""
             address = ctypes.cast(buf, ctypes.c_void_p).value
-            view = memoryview((ctypes.c_char * size).from_address(address)).cast("B")  # type: ignore[arg-type]
+            view = _memory_view_of(address, size, _PYBUF_WRITE)
             fh = fip.contents.fh
             decoded = None if fh or path is None else path.decode(self.encoding, self.errors)
             return int(self.operations.read_into(view, offset, fh, decoded))

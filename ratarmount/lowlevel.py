@@ -359,9 +359,10 @@ class LowLevelFuse:
         def forget_multi(req: int, count: int, items: Any) -> None:
             pin()
             try:
-                # The array of (node, count) pairs as one view of u64s: no ctypes object per item.
-                flat = memoryview(ctypes.cast(items, ctypes.POINTER(ctypes.c_uint64 * (2 * count))).contents)
-                flat = flat.cast("B").cast("Q")
+                # The array of (node, count) pairs copied as one bytes object and seen as u64s: no
+                # ctypes object per item, and no ctypes type per count (`c_uint64 * n` and its
+                # POINTER are cached by ctypes for good: a type per distinct batch size leaked).
+                flat = memoryview(ctypes.string_at(items, 16 * count)).cast("Q")
                 ops.forget_all(flat[0::2].tolist(), flat[1::2].tolist())
             finally:
                 lib.fuse_reply_none(req)

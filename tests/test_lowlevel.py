@@ -4,6 +4,7 @@ independently of ``kernel_abi``), node ids, and the fallback to libfuse's high-l
 from __future__ import annotations
 
 import errno
+import gc
 import io
 import os
 import stat
@@ -243,6 +244,30 @@ def test_forget_multi_glue_hands_the_pairs_over(ops: LowLevelOperations) -> None
     with pytest.raises(OSError):
         ops.getattr(versions)
     assert glue.lib.replies == ["none", "none"]
+
+
+def test_forget_multi_glue_makes_no_type_per_batch_size(ops: LowLevelOperations) -> None:
+    """Batches of every size leave no ctypes type behind: ctypes keeps each array type it made
+    (and its pointer type) for good, so a type per distinct batch size grew the daemon for as
+    long as it ran. The pairs still arrive as they are."""
+    lowlevel = pytest.importorskip("ratarmount.lowlevel")
+    handed: List[Tuple[List[int], List[int]]] = []
+    glue = lowlevel.LowLevelFuse.__new__(lowlevel.LowLevelFuse)
+    glue.lib, glue._pinned, glue._callbacks = _RecordingLib(), set(), []
+    ops.forget_all = lambda nodes, counts: handed.append((nodes, counts))  # type: ignore[method-assign]
+    glue.ops = ops
+    glue._local, glue.reads = None, lowlevel.ReadHandOff(2, 2)
+    forget_multi = lowlevel.FORGET_MULTI(glue._build_table().forget_multi)
+    pairs = [lowlevel.ForgetData(1000 + i, i + 1) for i in range(300)]
+    batches = [(lowlevel.ForgetData * size)(*pairs[:size]) for size in range(1, 301)]  # made before counting
+    gc.collect()
+    types_before = sum(1 for obj in gc.get_objects() if isinstance(obj, type))
+    for size, batch in enumerate(batches, 1):
+        forget_multi(None, size, batch)
+    gc.collect()
+    assert sum(1 for obj in gc.get_objects() if isinstance(obj, type)) - types_before < 10
+    assert handed[6] == ([1000 + i for i in range(7)], [i + 1 for i in range(7)])
+    assert len(handed) == 300 and glue.lib.replies == ["none"] * 300
 
 
 def test_lookup_glue_replies_before_the_hint_to_read_ahead(tmp_path: Path) -> None:
