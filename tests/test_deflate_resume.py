@@ -6,6 +6,7 @@ than the cache decode less than their spans, and every byte read is right."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import random
 import zlib
@@ -18,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ratarmountcore
-from ratarmountcore.compression import deflate_resume
+from ratarmountcore.compression import deflate_resume, pooled
 from ratarmountcore.compression.deflate_resume import DeflateResumer
 from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
 
@@ -292,3 +293,38 @@ def test_members_read_in_order_decode_each_span_about_once(tmp_path: Path) -> No
         assert spans is not None and reader.size >= 2 * spans.capacity
         assert reader._resumer and reader._resumer.decodes > 0
         assert spans.decoded_bytes < 1.3 * reader.size, (spans.decoded_bytes, reader.size)
+
+
+def test_streams_that_share_the_cache_decode_parts_when_together_larger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Archives each smaller than the cache, read at once and together larger (the inner
+    .tar.gz of a recursive mount): their misses decode parts of spans, as in a single stream
+    larger than the cache, and less is decoded in all than with whole spans (which the cache
+    cannot keep for all of them)."""
+    compression = CompressionOptions(seek_point_spacing=128 * 1024, parallelization=1, cache_size=2 << 20)
+    opts = OpenOptions(index=IndexOptions(progress=False), compression=compression)
+    archives = []
+    for k in range(3):
+        archive = tmp_path / f"part{k}.tar.gz"
+        members = make_tar_gz(archive, 400)
+        with ratarmountcore.open(str(archive), opts):
+            pass  # the index with its seek points
+        archives.append((archive, members))
+    reads = [(k, name) for k, (_, members) in enumerate(archives) for name in members]
+    random.Random(5).shuffle(reads)
+
+    def decoded_in_all() -> int:
+        with contextlib.ExitStack() as stack:
+            sources = [stack.enter_context(ratarmountcore.open(str(archive), opts)) for archive, _ in archives]
+            for k, name in reads[:360]:
+                assert sources[k].read(name) == archives[k][1][name], name
+            caches = [source._reader._spans for source in sources]  # type: ignore[attr-defined]
+            assert all(c is not None and c.size < c.capacity for c in caches)
+            assert sum(c.size for c in caches) > caches[0].capacity  # (together larger than the cache)
+            return sum(c.decoded_bytes for c in caches)
+
+    parts = decoded_in_all()
+    monkeypatch.setattr(pooled, "streams_size", lambda: 0, raising=False)  # (each as if alone)
+    whole = decoded_in_all()
+    assert parts < 0.8 * whole, (parts, whole)

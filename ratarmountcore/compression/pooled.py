@@ -32,14 +32,15 @@ from .base import (
     unpack_seek_points,
 )
 from .pool import InstancePool, Slot
-from .spans import SpanCache, optional_cache
+from .spans import SpanCache, optional_cache, streams_size
 
 logger = logging.getLogger(__name__)
 
 #: Reads at least this large bypass the span cache and decode straight into the caller's buffer.
 DIRECT_READ_MIN = 128 * 1024
 #: Span-cache misses decode only the part of their span that the read needs (where the
-#: backend can) in streams at least this many times the cache (see ``_decode_span``).
+#: backend can) in streams at least this many times the cache, and in streams that share the
+#: cache with others when all together are more than it (see ``_decode_span``).
 PARTS_MIN_FACTOR = 2
 #: The readers open in the process (a stream is decoded whole only by the only one).
 _OPEN: "weakref.WeakSet[PooledReader]" = weakref.WeakSet()
@@ -299,12 +300,18 @@ class PooledReader(CompressedReader):
         (see ``spans.py``): only that part when the stream is at least ``PARTS_MIN_FACTOR``
         times the cache (its spans are rarely read twice before they are evicted; in a stream
         the cache holds, reading the members in random order decoded twice the data that
-        whole spans did)."""
+        whole spans did), or when it is one of several streams that together are more than
+        the cache (the inner .tar.gz of a recursive mount, each smaller than the cache, share
+        its one bound: 100 inner archives of 0.66 MB, 1,000 random reads, 1.51-1.61 s decoding
+        whole spans, 1.15-1.31 s decoding parts; 60 of them, 1.2 times the cache, about the
+        same either way)."""
         if self._warm is None:
             self._start_warm()
         spans = self._spans
-        if need < end and spans is not None and spans.size >= PARTS_MIN_FACTOR * spans.capacity:
-            return self._decode_from_seek_point(start, end, need)
+        if need < end and spans is not None:
+            streams = streams_size()
+            if spans.size >= PARTS_MIN_FACTOR * spans.capacity or spans.size < streams > spans.capacity:
+                return self._decode_from_seek_point(start, end, need)
         return self._decode_from_seek_point(start, end)
 
     def _decode_from_seek_point(self, start: int, end: int, upto: Optional[int] = None) -> bytes:

@@ -50,6 +50,17 @@ class _ProcessBudget:
         self.bytes = 0
         #: The largest capacity given to any cache: the bound for the whole process.
         self.budget = 0
+        #: The decompressed sizes of the streams of all live caches together: what reads all
+        #: over the process's compressed data compete for (``streams_size``).
+        self.streams = 0
+
+    def stream_opened(self, size: int) -> None:
+        with self._lock:
+            self.streams += size
+
+    def stream_closed(self, size: int) -> None:
+        with self._lock:
+            self.streams -= size
 
     def touch(self, cache: "SpanCache", start: int) -> None:
         with self._lock:
@@ -94,6 +105,12 @@ def _new_budget_in_child() -> None:
 forks.in_child(_new_budget_in_child)
 
 
+def streams_size() -> int:
+    """The decompressed sizes of the streams of all span caches of the process together (the
+    streams of a recursive mount's inner archives, of a union's archives)."""
+    return _PROCESS.streams
+
+
 class SpanCache:
     def __init__(self, starts: List[int], size: int, capacity: int) -> None:
         """``starts``: decompressed offsets of the seek points; ``size``: decompressed size."""
@@ -103,6 +120,8 @@ class SpanCache:
         self.size = size
         self.capacity = capacity
         _PROCESS.budget = max(_PROCESS.budget, capacity)
+        _PROCESS.stream_opened(size)
+        weakref.finalize(self, _PROCESS.stream_closed, size)
         #: Spans longer than this are not cached (the caller reads them directly).
         self.max_span = max(1, capacity // 4)
         self._all_cacheable = max(e - s for s, e in zip(self._starts, self._ends)) <= self.max_span
