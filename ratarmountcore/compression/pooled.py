@@ -32,7 +32,7 @@ from .base import (
     unpack_seek_points,
 )
 from .pool import InstancePool, Slot
-from .spans import SpanCache, optional_cache, streams_size
+from .spans import SpanCache, optional_cache, shares_beyond_budget
 
 logger = logging.getLogger(__name__)
 
@@ -301,16 +301,15 @@ class PooledReader(CompressedReader):
         times the cache (its spans are rarely read twice before they are evicted; in a stream
         the cache holds, reading the members in random order decoded twice the data that
         whole spans did), or when it is one of several streams that together are more than
-        the cache (the inner .tar.gz of a recursive mount, each smaller than the cache, share
-        its one bound: 100 inner archives of 0.66 MB, 1,000 random reads, 1.51-1.61 s decoding
-        whole spans, 1.15-1.31 s decoding parts; 60 of them, 1.2 times the cache, about the
-        same either way)."""
+        the process keeps (``spans.py``: one bound for all caches). The inner .tar.gz of a
+        recursive mount are each smaller than the cache but compete for it: 100 inner archives
+        of 0.66 MB, 1,000 random reads, 1.51-1.61 s decoding whole spans, 1.15-1.31 s decoding
+        parts; 60 of them, 1.2 times the cache, about the same either way."""
         if self._warm is None:
             self._start_warm()
         spans = self._spans
         if need < end and spans is not None:
-            streams = streams_size()
-            if spans.size >= PARTS_MIN_FACTOR * spans.capacity or spans.size < streams > spans.capacity:
+            if spans.size >= PARTS_MIN_FACTOR * spans.capacity or shares_beyond_budget(spans):
                 return self._decode_from_seek_point(start, end, need)
         return self._decode_from_seek_point(start, end)
 

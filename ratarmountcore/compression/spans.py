@@ -51,7 +51,7 @@ class _ProcessBudget:
         #: The largest capacity given to any cache: the bound for the whole process.
         self.budget = 0
         #: The decompressed sizes of the streams of all live caches together: what reads all
-        #: over the process's compressed data compete for (``streams_size``).
+        #: over the process's compressed data compete for (``shares_beyond_budget``).
         self.streams = 0
 
     def stream_opened(self, size: int) -> None:
@@ -105,10 +105,11 @@ def _new_budget_in_child() -> None:
 forks.in_child(_new_budget_in_child)
 
 
-def streams_size() -> int:
-    """The decompressed sizes of the streams of all span caches of the process together (the
-    streams of a recursive mount's inner archives, of a union's archives)."""
-    return _PROCESS.streams
+def shares_beyond_budget(cache: "SpanCache") -> bool:
+    """Whether ``cache``'s stream is one of several (a recursive mount's inner archives, a
+    union's archives) whose decompressed sizes together are more than the process keeps."""
+    process = _PROCESS
+    return process.streams > max(cache.size, process.budget)
 
 
 class SpanCache:
