@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 DIRECT_READ_MIN = 128 * 1024
 #: Span-cache misses decode only the part of their span that the read needs (where the
 #: backend can) in streams at least this many times the cache, and in streams that share the
-#: cache with others when all together are more than it (see ``_decode_span``).
+#: process's one bound with others when all together are more than it (see ``_decode_span``).
 PARTS_MIN_FACTOR = 2
 #: The readers open in the process (a stream is decoded whole only by the only one).
 _OPEN: "weakref.WeakSet[PooledReader]" = weakref.WeakSet()
