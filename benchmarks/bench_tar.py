@@ -801,11 +801,16 @@ class PhaseTimeoutError(Exception):
         self.seconds = seconds
 
 
-def measure_find(root: str, expected: int, timeout: float) -> float:
+def measure_find(root: str, expected: int, timeout: float, exclude: Optional[str] = None) -> float:
+    """``find ROOT -type f | wc -l``; ``exclude``: a name pattern not counted (``! -name``)."""
     start = time.perf_counter()
+    skip = f" ! -name {shlex.quote(exclude)}" if exclude else ""
     try:
         result = subprocess.run(
-            ["bash", "-c", f"find {shlex.quote(root)} -type f | wc -l"], capture_output=True, text=True, timeout=timeout
+            ["bash", "-c", f"find {shlex.quote(root)} -type f{skip} | wc -l"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired:
         raise PhaseTimeoutError(None, expected, time.perf_counter() - start) from None
