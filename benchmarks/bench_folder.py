@@ -97,9 +97,10 @@ class FolderTool(bt.Tool):
             bt.unmount(self.mountpoint, bt.fuse_daemon_pid(self.mountpoint))
         os.makedirs(self.mountpoint, exist_ok=True)
         for wnid in self.ds_folder.wnids:
-            target = os.path.join(self.archive, f"{wnid}{self.ds_folder.suffix}")
+            name = wnid + self.ds_folder.suffix
+            target = os.path.join(self.archive, name)
             if not os.path.exists(target):
-                os.link(os.path.join(self.ds_folder.folder, f"{wnid}{self.ds_folder.suffix}"), target)
+                os.link(os.path.join(self.ds_folder.folder, name), target)
 
     def index_files(self) -> List[str]:
         return [

@@ -13,7 +13,7 @@ import tarfile
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 from conftest import Mounter, tar_bytes
@@ -225,14 +225,21 @@ class _RecordingLib:
         raise AssertionError("not asked for by these callbacks")
 
 
+def _glue(ops: LowLevelOperations, lib: Optional[_RecordingLib] = None) -> Any:
+    """A ``LowLevelFuse`` made without mounting: its callbacks over ``ops``, replies recorded."""
+    lowlevel = pytest.importorskip("ratarmount.lowlevel")
+    glue = lowlevel.LowLevelFuse.__new__(lowlevel.LowLevelFuse)
+    glue.lib, glue.ops, glue._pinned, glue._callbacks = lib or _RecordingLib(), ops, set(), []
+    glue._local, glue.reads = None, lowlevel.ReadHandOff(2, 2)
+    return glue
+
+
 def test_forget_multi_glue_hands_the_pairs_over(ops: LowLevelOperations) -> None:
     """The FORGET_MULTI callback reads the C array of (node, count) pairs as it is."""
     lowlevel = pytest.importorskip("ratarmount.lowlevel")
     versions, _attrs = lookup(ops, ROOT_ID, b"top.versions")
     lookup(ops, ROOT_ID, b"top.versions")
-    glue = lowlevel.LowLevelFuse.__new__(lowlevel.LowLevelFuse)
-    glue.lib, glue.ops, glue._pinned, glue._callbacks = _RecordingLib(), ops, set(), []
-    glue._local, glue.reads = None, lowlevel.ReadHandOff(2, 2)
+    glue = _glue(ops)
     table = glue._build_table()
     forget_multi = lowlevel.FORGET_MULTI(table.forget_multi)
     pairs = (lowlevel.ForgetData * 3)(
@@ -252,11 +259,8 @@ def test_forget_multi_glue_makes_no_type_per_batch_size(ops: LowLevelOperations)
     long as it ran. The pairs still arrive as they are."""
     lowlevel = pytest.importorskip("ratarmount.lowlevel")
     handed: List[Tuple[List[int], List[int]]] = []
-    glue = lowlevel.LowLevelFuse.__new__(lowlevel.LowLevelFuse)
-    glue.lib, glue._pinned, glue._callbacks = _RecordingLib(), set(), []
     ops.forget_all = lambda nodes, counts: handed.append((nodes, counts))  # type: ignore[method-assign]
-    glue.ops = ops
-    glue._local, glue.reads = None, lowlevel.ReadHandOff(2, 2)
+    glue = _glue(ops)
     forget_multi = lowlevel.FORGET_MULTI(glue._build_table().forget_multi)
     pairs = [lowlevel.ForgetData(1000 + i, i + 1) for i in range(300)]
     batches = [(lowlevel.ForgetData * size)(*pairs[:size]) for size in range(1, 301)]  # made before counting
@@ -286,9 +290,7 @@ def test_lookup_glue_replies_before_the_hint_to_read_ahead(tmp_path: Path) -> No
             recording.replies.append(f"hint {info.size}")
 
         source.will_read = will_read  # type: ignore[method-assign]
-        glue = lowlevel.LowLevelFuse.__new__(lowlevel.LowLevelFuse)
-        glue.lib, glue.ops, glue._pinned, glue._callbacks = recording, ops, set(), []
-        glue._local, glue.reads = None, lowlevel.ReadHandOff(2, 2)
+        glue = _glue(ops, recording)
         callback = lowlevel.LOOKUP(glue._build_table().lookup)
         a = lookup(ops, ROOT_ID, b"a")[0]
         callback(None, a, b"f0")  # a random open: folder, then file
