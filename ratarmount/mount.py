@@ -17,11 +17,11 @@ import signal
 import stat
 import sys
 import threading
-from typing import Callable, Dict, Optional, Union
+from typing import Callable, Dict, Optional, Sequence, Union
 
 from ratarmountcore.errors import RatarmountError
 from ratarmountcore.index.locations import check_named_folders
-from ratarmountcore.io.descriptors import raise_soft_limit
+from ratarmountcore.io.descriptors import check_left, raise_soft_limit
 from ratarmountcore.sources.factory import open_source
 
 from .cli import MountOptions, check_mountpoint
@@ -32,6 +32,16 @@ from .workers import default_max_threads
 logger = logging.getLogger(__name__)
 
 READY = b"\0"
+
+
+#: Descriptors a session needs beyond what its sources hold.
+SESSION_DESCRIPTORS = 32
+
+
+def describe_sources(sources: Sequence[str]) -> str:
+    """``a.tar`` or ``a.tar and 199 more``, for messages."""
+    more = len(sources) - 1
+    return sources[0] + (f" and {more} more" if more else "")
 
 
 def fsname_for(source_label: str) -> str:
@@ -136,6 +146,9 @@ def run_fuse(
     source = open_source(options.sources, options.open_options)
     label = os.path.basename(options.sources[0]) + ("" if len(options.sources) == 1 else ",...")
     try:
+        # What was opened may leave too few descriptors for the session itself (/dev/fuse, its
+        # negotiation, the folder prefetcher, a thread's index connection): said now, in one line.
+        check_left(f"mounting {describe_sources(options.sources)}", SESSION_DESCRIPTORS)
         # Again, once the index is built (seconds may have passed): another mount made at the same
         # point meanwhile would be stacked over, or under, this one.
         check_mountpoint(options.mountpoint, options.fuse_options)

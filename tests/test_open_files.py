@@ -8,6 +8,7 @@ says so in one line instead of blaming the index location.
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 from pathlib import Path
@@ -69,3 +70,86 @@ def test_too_low_a_hard_limit_is_named_as_the_cause(tmp_path: Path) -> None:
     # No index half-written: the ones written are complete and usable on the next mount.
     names = {a.name for a in archives} | {a.name + ".index.sqlite" for a in archives} | {"mnt"}
     assert [p.name for p in tmp_path.iterdir() if p.name not in names] == []
+
+
+def class_folder(folder: Path) -> Path:
+    """A folder of class tars, as ImageNet's train tar extracts to."""
+    folder.mkdir()
+    many_tars(folder)
+    return folder
+
+
+@requires_fuse
+def test_folder_of_more_archives_than_the_hard_limit_is_named_as_the_cause(tmp_path: Path) -> None:
+    folder = class_folder(tmp_path / "train")
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    result = run_ratarmount("-r", str(folder), str(mountpoint), preexec_fn=limit_to(LIMIT, LIMIT))
+    assert result.returncode != 0
+    assert not os.path.ismount(mountpoint)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "too many open files" in lines[0] and f"may open {LIMIT}" in lines[0] and "ulimit -n" in lines[0]
+    assert str(folder) in lines[0]  # names what it was opening
+
+
+@requires_fuse
+def test_lazy_folder_out_of_descriptors_says_so_and_never_answers_wrong(tmp_path: Path, mounter: Mounter) -> None:
+    """Opened on first use (``--lazy``), the archives run the process out of descriptors while
+    it serves. Each read then gives the right bytes or EMFILE: never "no such file", and an
+    archive is never shown as the plain file it would be if it could not be opened as one."""
+    folder = class_folder(tmp_path / "train")
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    mounter.mounts.append(mountpoint)
+    result = run_ratarmount("--lazy", "-r", str(folder), str(mountpoint), preexec_fn=limit_to(LIMIT, LIMIT))
+    assert result.returncode == 0, result.stderr
+    read, exhausted = 0, 0
+    for i in range(ARCHIVES):
+        try:
+            data = (mountpoint / f"class{i:03d}.tar" / f"n{i:03d}" / "image1.JPEG").read_bytes()
+        except OSError as exc:
+            assert exc.errno == errno.EMFILE, exc
+            exhausted += 1
+        else:
+            assert data == f"{i}-1".encode()
+            read += 1
+    assert read > 0 and exhausted > 0, (read, exhausted)
+    for i in range(ARCHIVES):
+        try:
+            assert (mountpoint / f"class{i:03d}.tar").is_dir()
+        except OSError as exc:
+            assert exc.errno == errno.EMFILE, exc
+    mounter.unmount(mountpoint)
+
+
+def test_a_folder_source_out_of_descriptors_raises_instead_of_not_found(tmp_path: Path) -> None:
+    """In-process: a path of the folder looked up with no descriptor left is an error, not a
+    missing file, and a folder listed then is not an empty one."""
+    import ratarmountcore
+    from ratarmountcore.errors import TooManyOpenFilesError
+
+    folder = tmp_path / "data"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "file.txt").write_bytes(b"x")
+    source = ratarmountcore.open(str(folder))
+    assert source.lookup("/sub/file.txt") is not None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held: List[int] = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(len(os.listdir("/proc/self/fd")) + 16, 64), hard))
+    try:
+        try:
+            while True:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError as exc:
+            assert exc.errno == errno.EMFILE
+        with pytest.raises(TooManyOpenFilesError, match="too many open files"):
+            source.lookup("/sub/file.txt")
+        with pytest.raises(TooManyOpenFilesError):
+            source.list_entries("/sub")
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert source.lookup("/sub/file.txt") is not None
+    source.close()

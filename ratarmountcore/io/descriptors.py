@@ -47,23 +47,39 @@ def raise_soft_limit() -> int:
 HEADROOM = 4
 
 
-def check_left(what: str) -> None:
-    """Raise TooManyOpenFilesError naming ``what`` when this process has (almost) no descriptor
-    left -- called after an open failed for a reason the failing library did not say (SQLite's
-    "unable to open database file"). The failed call may have freed what it had opened, hence
-    the look for ``HEADROOM`` descriptors rather than for one."""
+def too_many(what: str) -> TooManyOpenFilesError:
+    """The error for running out of descriptors while doing ``what``, with the limit and the
+    remedy."""
+    soft, _hard = limits()
+    return TooManyOpenFilesError(
+        errno.EMFILE,
+        f"{what}: too many open files (this process may open {soft}); "
+        "raise the limit with `ulimit -n` or mount fewer archives together",
+    )
+
+
+def raise_if_exhausted(exc: OSError, what: str) -> None:
+    """Re-raise ``exc`` as TooManyOpenFilesError when it says the process (EMFILE) or the system
+    (ENFILE) ran out of descriptors. For the callers that turn a failed open into an answer --
+    "no such file", "not an archive", an empty folder -- which would then be a wrong one."""
+    if isinstance(exc, TooManyOpenFilesError):
+        raise exc
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        raise too_many(what) from None
+
+
+def check_left(what: str, need: int = HEADROOM) -> None:
+    """Raise TooManyOpenFilesError naming ``what`` when this process has fewer than ``need``
+    descriptors left -- called after an open failed for a reason the failing library did not
+    say (SQLite's "unable to open database file"; the failed call may have freed what it had
+    opened, hence the look for ``HEADROOM`` descriptors rather than for one), and before a mount
+    starts serving with what it opened."""
     opened = []
     try:
-        for _ in range(HEADROOM):
+        for _ in range(need):
             opened.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
     except OSError as exc:
-        if exc.errno in (errno.EMFILE, errno.ENFILE):
-            soft, _hard = limits()
-            raise TooManyOpenFilesError(
-                errno.EMFILE,
-                f"{what}: too many open files (this process may open {soft}); "
-                "raise the limit with `ulimit -n` or mount fewer archives together",
-            ) from None
+        raise_if_exhausted(exc, what)
     finally:
         for fd in opened:
             os.close(fd)

@@ -41,10 +41,11 @@ import threading
 import time
 from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-from ..errors import ClosedSourceError, NotFoundError, RatarmountError, ReplacedFileError
+from ..errors import ClosedSourceError, NotFoundError, RatarmountError, ReplacedFileError, TooManyOpenFilesError
 from ..formats import COMPRESSIONS, TAR_EXTENSION, FormatId, sniff_bytes, stripped_tar_name
 from ..index.locations import INDEX_SUFFIX
 from ..io import forks
+from ..io.descriptors import raise_if_exhausted
 from ..io.host_paths import absolute
 from ..io.readers import MemberFile, PlainFileReader
 from ..options import OpenOptions
@@ -223,9 +224,10 @@ class DirectorySource(MountSource):
                     os.close(fd)
                 fd = child
             last, last_st = self._host_entry(fd, parts[-1], real) if strip else (parts[-1], None)
-        except OSError:  # missing, not a folder, a symbolic link (ELOOP), no permission
+        except OSError as exc:  # missing, not a folder, a symbolic link (ELOOP), no permission
             if fd != self._fd:
                 os.close(fd)
+            raise_if_exhausted(exc, self._host_path(path))  # (not "missing")
             return None
         real.append(last)
         return _Resolved(fd, last, "/".join(real), st=last_st)
@@ -289,7 +291,7 @@ class DirectorySource(MountSource):
                     closing.append(known.source)
                 else:
                     closing += self._retire(known.source)
-            known = self._archives[relative] = _Known(key, self._looks_like_archive(parent, name))
+            known = self._archives[relative] = _Known(key, self._looks_like_archive(parent, name, relative))
         for source in closing:
             source.close()
         return known
@@ -375,15 +377,17 @@ class DirectorySource(MountSource):
             if not stat.S_ISREG(st.st_mode):
                 return None
             return self._archive(resolved.parent, resolved.name, relative, st)
-        except OSError:
+        except OSError as exc:
+            raise_if_exhausted(exc, self._host_path(relative))
             return None
         finally:
             self._done(resolved)
 
-    def _looks_like_archive(self, parent: int, name: str) -> bool:
+    def _looks_like_archive(self, parent: int, name: str, relative: str) -> bool:
         try:
             fd = os.open(name, _FILE_FLAGS, dir_fd=parent)
-        except OSError:
+        except OSError as exc:
+            raise_if_exhausted(exc, self._host_path(relative))  # (not "no archive": a file)
             return False
         try:
             head = os.pread(fd, 512, 0)
@@ -400,6 +404,8 @@ class DirectorySource(MountSource):
         path = os.path.join(self.path, relative)
         try:
             source = open_archive(path, self._options)
+        except TooManyOpenFilesError:
+            raise  # (not "shown as a file": the archive is fine, the process is out of descriptors)
         except (RatarmountError, OSError, ValueError) as exc:
             logger.warning("%s: shown as a file, not as a folder: %s", path, exc)
             return None
@@ -490,6 +496,11 @@ class DirectorySource(MountSource):
         inner, info = found
         return "/" + shown + (inner if inner != "/" else ""), self._member(relative, source, info, ino & ~INNER_MASK)
 
+    def _host_path(self, relative: str) -> str:
+        """The host's path of ``relative`` (a path in the folder, with or without a leading /),
+        for messages."""
+        return os.path.join(self.path, relative.lstrip("/"))
+
     def _open_fd(self) -> int:
         """The folder's descriptor; ``ClosedSourceError`` once the source is closed (EBADF before)."""
         fd = self._fd
@@ -518,7 +529,8 @@ class DirectorySource(MountSource):
         try:
             st = resolved.st or os.stat(resolved.name, dir_fd=resolved.parent, follow_symlinks=False)
             return self._entry(resolved.parent, resolved.name, resolved.relative, st)
-        except OSError:
+        except OSError as exc:
+            raise_if_exhausted(exc, self._host_path(path))
             return None
         finally:
             self._done(resolved)
@@ -572,7 +584,8 @@ class DirectorySource(MountSource):
                     try:
                         st = item.stat(follow_symlinks=False)
                         result.append((item.name, self._entry(fd, item.name, relative, st)))
-                    except OSError:  # removed meanwhile
+                    except OSError as exc:  # removed meanwhile
+                        raise_if_exhausted(exc, self._host_path(relative))
                         continue
         finally:
             if fd != self._fd:
@@ -651,7 +664,8 @@ class DirectorySource(MountSource):
             return None
         try:
             return os.open(resolved.name, _DIR_FLAGS, dir_fd=resolved.parent)
-        except OSError:
+        except OSError as exc:
+            raise_if_exhausted(exc, self._host_path(relative))  # (not an empty folder)
             return None
         finally:
             self._done(resolved)
