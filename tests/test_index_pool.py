@@ -140,3 +140,80 @@ def test_closing_a_pool_leaves_a_query_in_flight_to_finish(tmp_path: Path) -> No
     with pytest.raises(ClosedSourceError):  # (a ValueError, as a closed file's; was sqlite3's own)
         pool.query("SELECT 1")
     assert pool.connection_count == 0
+
+
+def test_out_of_descriptors_a_pool_waits_for_its_connection_and_opens_more_later(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A query that needs a new connection while the process has no descriptor left waits for
+    a connection of the pool to come back; the pool does not take the failed open for its file
+    gone (until session 41 it said so in a warning and never opened another connection)."""
+    import errno
+    import os
+    import resource
+    import threading
+
+    pool = ConnectionPool(str(database(tmp_path / "t.sqlite")))
+    assert pool.query("SELECT value FROM t", one=True) == (7,)
+    held = pool._borrow()  # (the pool's only connection, busy)  # noqa: SLF001
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    dummies: List[int] = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(len(os.listdir("/proc/self/fd")) + 16, 64), hard))
+    results: List[object] = []
+    try:
+        try:
+            while True:
+                dummies.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError as exc:
+            assert exc.errno == errno.EMFILE
+        thread = threading.Thread(target=lambda: results.append(pool.query("SELECT value FROM t", one=True)))
+        thread.start()
+        thread.join(0.3)
+        assert thread.is_alive() and not results  # waiting, not failed
+    finally:
+        for fd in dummies:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        with pool._lock:  # (give the busy connection back)  # noqa: SLF001
+            pool._idle.append(held)  # noqa: SLF001
+            pool._returned.notify()  # noqa: SLF001
+    thread.join(5)
+    assert results == [(7,)]
+    assert not pool._replaced and "while in use" not in caplog.text  # noqa: SLF001
+    # With descriptors again, two queries at once get two connections.
+    second = pool._borrow()  # noqa: SLF001
+    assert pool.query("SELECT value FROM t", one=True) == (7,)
+    assert pool.connection_count == 2
+    with pool._lock:  # noqa: SLF001
+        pool._idle.append(second)  # noqa: SLF001
+    pool.close()
+
+
+def test_out_of_descriptors_a_pool_without_a_connection_says_so(tmp_path: Path) -> None:
+    import errno
+    import os
+    import resource
+
+    from ratarmountcore.errors import TooManyOpenFilesError
+
+    pool = ConnectionPool(str(database(tmp_path / "t.sqlite")))
+    assert pool.query("SELECT value FROM t", one=True) == (7,)
+    pool._close_idle(1)  # (idle connections closed: the pool has none left)  # noqa: SLF001
+    assert pool.connection_count == 0
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    dummies: List[int] = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(len(os.listdir("/proc/self/fd")) + 16, 64), hard))
+    try:
+        try:
+            while True:
+                dummies.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError as exc:
+            assert exc.errno == errno.EMFILE
+        with pytest.raises(TooManyOpenFilesError, match="t.sqlite: too many open files"):
+            pool.query("SELECT value FROM t", one=True)
+    finally:
+        for fd in dummies:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert pool.query("SELECT value FROM t", one=True) == (7,)
+    pool.close()

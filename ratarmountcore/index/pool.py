@@ -37,8 +37,9 @@ import threading
 import weakref
 from typing import Any, List, NoReturn, Optional, Tuple
 
-from ..errors import ClosedSourceError, CorruptIndexError
+from ..errors import ClosedSourceError, CorruptIndexError, TooManyOpenFilesError
 from ..io import forks, sqlite_gate
+from ..io.descriptors import check_left
 from .warm import IndexWarmer
 
 logger = logging.getLogger(__name__)
@@ -163,6 +164,7 @@ class ConnectionPool:
         except sqlite3.Error:
             if self._identity is None:
                 raise
+            check_left(self.path)  # (out of descriptors: the file is fine, say that instead)
             self._gone("cannot be opened again")
             return None
         try:
@@ -174,6 +176,7 @@ class ConnectionPool:
             conn.close()
             if self._identity is None:
                 raise
+            check_left(self.path)
             self._gone("cannot be read again")
             return None
         identity = (st.st_dev, st.st_ino)
@@ -213,7 +216,16 @@ class ConnectionPool:
                 return self._idle.pop()
             replaced = self._replaced and bool(self._all)
         if not replaced:
-            conn = self._connect()
+            try:
+                conn = self._connect()
+            except TooManyOpenFilesError:
+                # The process is out of descriptors for now: wait for a connection of this pool
+                # (a query in flight gives one back), when it has one. (Until session 41 the
+                # pool took this for its file gone, said so, and never opened another.)
+                with self._lock:
+                    if not self._all:
+                        raise
+                conn = None
             if conn is not None:
                 return conn
         with self._lock:
