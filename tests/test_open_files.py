@@ -8,11 +8,12 @@ says so in one line instead of blaming the index location.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import resource
 from pathlib import Path
-from typing import Callable, List
+from typing import Callable, Iterator, List
 
 import pytest
 from conftest import Mounter, requires_fuse, run_ratarmount, tar_bytes
@@ -153,3 +154,57 @@ def test_a_folder_source_out_of_descriptors_raises_instead_of_not_found(tmp_path
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert source.lookup("/sub/file.txt") is not None
     source.close()
+
+
+@contextlib.contextmanager
+def no_descriptor_left() -> Iterator[None]:
+    """This process at its open-file limit (a soft limit a little above what is open, every
+    descriptor up to it taken) for the duration; all given back afterwards."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held: List[int] = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(len(os.listdir("/proc/self/fd")) + 16, 64), hard))
+    try:
+        try:
+            while True:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError as exc:
+            assert exc.errno == errno.EMFILE
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_decoder_that_cannot_open_its_file_is_no_corrupt_data(tmp_path: Path) -> None:
+    """rapidgzip opens the archive anew for each decoder and says a failed open as an error of
+    the data: reads of an intact .tar.gz were EIO with "corrupt gzip data" in the log while the
+    process was out of descriptors. Now the error says what it is, and the next read succeeds."""
+    import gzip
+    import random
+
+    import ratarmountcore
+    from ratarmountcore.errors import CorruptDataError, TooManyOpenFilesError
+
+    rng = random.Random(5)
+    files = {f"d/f{i}": rng.randbytes(2 << 20) for i in range(3)}  # (read whole: a parallel decoder)
+    archive = tmp_path / "a.tar.gz"
+    archive.write_bytes(gzip.compress(tar_bytes(files), 1))
+    ratarmountcore.open(str(archive)).close()  # (the index; its decoders go with it)
+    source = ratarmountcore.open(str(archive))
+    try:
+        info = source.lookup("/d/f1")
+        assert info is not None
+        buffer = bytearray(info.size)
+        with no_descriptor_left():
+            try:
+                source.read_into(info, 0, memoryview(buffer))
+            except CorruptDataError as exc:
+                pytest.fail(f"an intact archive reported corrupt: {exc}")
+            except TooManyOpenFilesError as exc:
+                assert "a.tar.gz: too many open files" in str(exc)
+            else:
+                pytest.fail("read without a descriptor to open a decoder with")
+        assert source.read_into(info, 0, memoryview(buffer)) == len(buffer) and bytes(buffer) == files["d/f1"]
+    finally:
+        source.close()

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Dict, Iterator, List, Optional, Protocol, Sequ
 
 from ..errors import CorruptDataError, RatarmountError, TruncatedArchiveError
 from ..formats import FormatId
+from ..io.descriptors import check_left, raise_if_exhausted
 from ..io.readers import RandomAccessReader
 from ..options import CompressionOptions
 
@@ -185,6 +186,12 @@ def data_errors(path: str, what: str, extra: Tuple[Type[BaseException], ...] = (
     except RatarmountError:
         raise
     except (*_DATA_ERRORS, *extra) as exc:
+        # A library that cannot open a file says so as an error of the data (rapidgzip: "Opening
+        # file '/proc/self/fd/3' with mode 'rb' failed!"): out of descriptors, say that instead,
+        # or an intact archive is reported corrupt.
+        if isinstance(exc, OSError):
+            raise_if_exhausted(exc, path)
+        check_left(path)
         text = (str(exc) or type(exc).__name__).strip().splitlines()[0]
         if text == "std::exception":
             text = "corrupt or truncated data"
