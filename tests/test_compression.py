@@ -912,6 +912,21 @@ def test_close_releases_the_file_and_refuses_reads(small_tar: Path, tmp_path: Pa
         reader.pread(0, 10)
 
 
+def test_the_first_pass_leaves_no_decoder_behind(small_tar: Path, tmp_path: Path) -> None:
+    """A .tar.gz small enough for its first pass in-process: once its index is built, no
+    decoder of that pass is kept (each held the chunks it decoded last, up to the whole stream:
+    a folder of 20 such archives of 8 MB held 322 MiB after its first mount, 31 MiB after a
+    second). Reads afterwards make decoders from the stored seek points, and read right."""
+    expected = members_of(small_tar)
+    archive = compress(fresh_copy(small_tar, tmp_path), "gz-cli")
+    with ratarmountcore.open(str(archive), options(parallelization=2)) as src:
+        reader = src._reader  # type: ignore[attr-defined]
+        assert reader._process_scan is None  # (the first pass ran here)  # noqa: SLF001
+        assert sum(pool.live_instances for pool in reader._pools()) == 0  # noqa: SLF001
+        for name, data in expected.items():
+            assert src.read(name) == data, name
+
+
 def test_memory_bounds_across_readers(small_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Idle decoders are limited process-wide, decoded frames by one shared cache budget."""
     from ratarmountcore.compression import framed, pool
