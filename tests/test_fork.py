@@ -164,7 +164,10 @@ THREADS_AT_FORK_SCRIPT = textwrap.dedent(
     os.register_at_fork(before=lambda: counts.append(native_threads()))
     import ratarmountcore
 
-    with ratarmountcore.open(sys.argv[1]) as source:
+    # No span cache: reads through it make no decoder with threads (misses are decoded with
+    # ISA-L), and the first pass's decoders are closed once the index is written.
+    no_cache = ratarmountcore.OpenOptions(compression=ratarmountcore.CompressionOptions(cache_size=0))
+    with ratarmountcore.open(sys.argv[1], no_cache) as source:
         names = [folder.rstrip("/") + "/" + name for folder, _, files in source.walk("/") for name in files]
         names = [name for name in names if source.info(name).is_file]
         for name in names[::3]:
