@@ -927,6 +927,31 @@ def test_the_first_pass_leaves_no_decoder_behind(small_tar: Path, tmp_path: Path
             assert src.read(name) == data, name
 
 
+def test_idle_parallel_decoders_are_bounded_by_their_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idle decoders count against a process-wide weight of threads as well as a count: a
+    parallel decoder keeps the chunks its threads decoded (~10 MiB for rapidgzip with 4), so
+    large reads across 20 .tar.gz kept 16 of them (157 MiB) where the count alone bounded it."""
+    from ratarmountcore.compression import pool
+
+    monkeypatch.setattr(pool, "IDLE_WEIGHT", 8, raising=False)
+    rng = random.Random(11)
+    sources = []
+    try:
+        for i in range(6):
+            data = rng.randbytes(1 << 20)
+            archive = tmp_path / f"{i}.tar.gz"
+            archive.write_bytes(gzip.compress(tar_bytes({"big": data}), 1))
+            # (No span cache: the read goes to a parallel decoder, not through the cache.)
+            sources.append(ratarmountcore.open(str(archive), options(parallelization=4, cache_size=0)))
+            assert sources[-1].read("big") == data
+        live = [src._reader._pool.live_instances for src in sources]  # type: ignore[attr-defined]
+        assert sum(live) * 4 <= 8, live  # two decoders of 4 threads at most
+        assert all(src.read("big") for src in sources)  # evicted decoders come back
+    finally:
+        for src in sources:
+            src.close()
+
+
 def test_memory_bounds_across_readers(small_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Idle decoders are limited process-wide, decoded frames by one shared cache budget."""
     from ratarmountcore.compression import framed, pool

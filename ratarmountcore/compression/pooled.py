@@ -126,6 +126,7 @@ class PooledReader(CompressedReader):
             self._close_decoder,
             count,
             close_before_fork=self.threads_call_python,
+            weight=threads,
         )
         #: Decoders for span-cache misses (the same pool unless ``span_decoder_threads`` differs).
         self._span_pool: InstancePool[Any] = (
@@ -134,6 +135,7 @@ class PooledReader(CompressedReader):
                 self._close_decoder,
                 count,
                 close_before_fork=self.threads_call_python,
+                weight=span_threads or 1,
             )
             if separate
             else self._pool
