@@ -201,13 +201,19 @@ def main() -> int:
     parser.add_argument("--phase-timeout", type=float, default=300)
     parser.add_argument("--quiet-wait", type=float, default=10)
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument(
+        "--ours-cmd", help="our ratarmount command (default: this checkout installed into benchmarks/work/ours-venv)"
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench_folder.py: needs root (drop_caches, FUSE)", file=sys.stderr)
         return 2
     ds = FolderDataset(args.classes, args.files_per_class, args.seed, args.gzip)
     ds.ensure()
-    ours = os.path.join(os.path.dirname(sys.executable), "ratarmount")
+    # Installed as users install it and as the peer is (not editable), like bench_tar.py does.
+    ours = args.ours_cmd or (
+        os.path.join(bt.install_ours(bt.REPO, bt.OURS_VENV), "ratarmount") if "ours" in args.tools.split(",") else ""
+    )
     executables = {"ours": ours, "peer": os.path.join(bt.PEER_VENV, "bin", "ratarmount")}
     rows = []
     for name in args.tools.split(","):

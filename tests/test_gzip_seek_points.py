@@ -153,13 +153,20 @@ def _tar_gz(path: Path, sizes: List[int]) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("sizes", "large"), [([3000] * 300, False), ([300_000] * 12, True), ([0, 10, 200_000, 200_000, 300_000], True)]
+    ("sizes", "large"),
+    [
+        ([3000] * 300, False),
+        ([300_000] * 12, True),
+        ([0, 10, 200_000, 200_000, 300_000, 300_000, 300_000], True),
+        ([200_000] * 4, False),  # (a stream of less than the sample's 1 MiB: not sampled)
+    ],
 )
 def test_the_first_members_decide_the_seek_points_of_the_first_scan(
     sizes: List[int], large: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Small members: seek points every 384 KiB, scanned with two threads per core. Large members
-    (reads of them skip the span cache): every 1 MiB, one thread per core (pure decoding)."""
+    (reads of them skip the span cache): every 1 MiB, one thread per core (pure decoding). A
+    stream smaller than the sample is not sampled (the sample would decode most of it)."""
     import os
 
     archive = _tar_gz(tmp_path / "a.tar.gz", sizes)
