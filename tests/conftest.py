@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pty
@@ -191,3 +192,26 @@ def fill_disk(disk: Path, leave: int) -> None:
     """Fill ``disk`` with a file named ``filler`` until only ``leave`` bytes are free."""
     st = os.statvfs(disk)
     (disk / "filler").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
+
+
+@contextlib.contextmanager
+def no_descriptor_left() -> Iterator[None]:
+    """This process at its open-file limit (a soft limit a little above what is open, every
+    descriptor up to it taken) for the duration; all given back afterwards."""
+    import errno
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held: List[int] = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(len(os.listdir("/proc/self/fd")) + 16, 64), hard))
+    try:
+        try:
+            while True:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError as exc:
+            assert exc.errno == errno.EMFILE
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

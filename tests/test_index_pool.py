@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import List
 
 import pytest
-from conftest import tar_bytes
+from conftest import no_descriptor_left, tar_bytes
 
 import ratarmountcore
 from ratarmountcore.errors import ClosedSourceError
@@ -148,32 +148,19 @@ def test_out_of_descriptors_a_pool_waits_for_its_connection_and_opens_more_later
     """A query that needs a new connection while the process has no descriptor left waits for
     a connection of the pool to come back; the pool does not take the failed open for its file
     gone (until session 41 it said so in a warning and never opened another connection)."""
-    import errno
-    import os
-    import resource
     import threading
 
     pool = ConnectionPool(str(database(tmp_path / "t.sqlite")))
     assert pool.query("SELECT value FROM t", one=True) == (7,)
     held = pool._borrow()  # (the pool's only connection, busy)  # noqa: SLF001
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    dummies: List[int] = []
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(len(os.listdir("/proc/self/fd")) + 16, 64), hard))
     results: List[object] = []
     try:
-        try:
-            while True:
-                dummies.append(os.open(os.devnull, os.O_RDONLY))
-        except OSError as exc:
-            assert exc.errno == errno.EMFILE
-        thread = threading.Thread(target=lambda: results.append(pool.query("SELECT value FROM t", one=True)))
-        thread.start()
-        thread.join(0.3)
-        assert thread.is_alive() and not results  # waiting, not failed
+        with no_descriptor_left():
+            thread = threading.Thread(target=lambda: results.append(pool.query("SELECT value FROM t", one=True)))
+            thread.start()
+            thread.join(0.3)
+            assert thread.is_alive() and not results  # waiting, not failed
     finally:
-        for fd in dummies:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         with pool._lock:  # (give the busy connection back)  # noqa: SLF001
             pool._idle.append(held)  # noqa: SLF001
             pool._returned.notify()  # noqa: SLF001
@@ -190,30 +177,13 @@ def test_out_of_descriptors_a_pool_waits_for_its_connection_and_opens_more_later
 
 
 def test_out_of_descriptors_a_pool_without_a_connection_says_so(tmp_path: Path) -> None:
-    import errno
-    import os
-    import resource
-
     from ratarmountcore.errors import TooManyOpenFilesError
 
     pool = ConnectionPool(str(database(tmp_path / "t.sqlite")))
     assert pool.query("SELECT value FROM t", one=True) == (7,)
     pool._close_idle(1)  # (idle connections closed: the pool has none left)  # noqa: SLF001
     assert pool.connection_count == 0
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    dummies: List[int] = []
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(len(os.listdir("/proc/self/fd")) + 16, 64), hard))
-    try:
-        try:
-            while True:
-                dummies.append(os.open(os.devnull, os.O_RDONLY))
-        except OSError as exc:
-            assert exc.errno == errno.EMFILE
-        with pytest.raises(TooManyOpenFilesError, match="t.sqlite: too many open files"):
-            pool.query("SELECT value FROM t", one=True)
-    finally:
-        for fd in dummies:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with no_descriptor_left(), pytest.raises(TooManyOpenFilesError, match="t.sqlite: too many open files"):
+        pool.query("SELECT value FROM t", one=True)
     assert pool.query("SELECT value FROM t", one=True) == (7,)
     pool.close()

@@ -8,15 +8,14 @@ says so in one line instead of blaming the index location.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import resource
 from pathlib import Path
-from typing import Callable, Iterator, List
+from typing import Callable, List
 
 import pytest
-from conftest import Mounter, requires_fuse, run_ratarmount, tar_bytes
+from conftest import Mounter, no_descriptor_left, requires_fuse, run_ratarmount, tar_bytes
 
 #: Archives in the union; the limits below allow fewer than two descriptors per archive.
 ARCHIVES = 60
@@ -135,45 +134,13 @@ def test_a_folder_source_out_of_descriptors_raises_instead_of_not_found(tmp_path
     (folder / "sub" / "file.txt").write_bytes(b"x")
     source = ratarmountcore.open(str(folder))
     assert source.lookup("/sub/file.txt") is not None
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    held: List[int] = []
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(len(os.listdir("/proc/self/fd")) + 16, 64), hard))
-    try:
-        try:
-            while True:
-                held.append(os.open(os.devnull, os.O_RDONLY))
-        except OSError as exc:
-            assert exc.errno == errno.EMFILE
+    with no_descriptor_left():
         with pytest.raises(TooManyOpenFilesError, match="too many open files"):
             source.lookup("/sub/file.txt")
         with pytest.raises(TooManyOpenFilesError):
             source.list_entries("/sub")
-    finally:
-        for fd in held:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert source.lookup("/sub/file.txt") is not None
     source.close()
-
-
-@contextlib.contextmanager
-def no_descriptor_left() -> Iterator[None]:
-    """This process at its open-file limit (a soft limit a little above what is open, every
-    descriptor up to it taken) for the duration; all given back afterwards."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    held: List[int] = []
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(len(os.listdir("/proc/self/fd")) + 16, 64), hard))
-    try:
-        try:
-            while True:
-                held.append(os.open(os.devnull, os.O_RDONLY))
-        except OSError as exc:
-            assert exc.errno == errno.EMFILE
-        yield
-    finally:
-        for fd in held:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_a_decoder_that_cannot_open_its_file_is_no_corrupt_data(tmp_path: Path) -> None:
