@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import logging
 import os
 import threading
@@ -74,6 +75,14 @@ if fuse is not None:
             fh = fip.contents.fh
             decoded = None if fh or path is None else path.decode(self.encoding, self.errors)
             return int(self.operations.read_into(view, offset, fh, decoded))
+
+        def lseek(self, path: Optional[bytes], offset: int, whence: int, fip: Any) -> int:
+            """``SEEK_DATA``/``SEEK_HOLE`` (mfusepy lists libfuse's ``lseek`` but has no method
+            that calls the operations' one)."""
+            if path is None:
+                raise fuse.FuseOSError(errno.EBADF)
+            fh = fip.contents.fh if fip else 0
+            return int(self.operations.lseek(path.decode(self.encoding, self.errors), offset, whence, fh))
 
         def fgetattr(self, path: Optional[bytes], buf: Any, fip: Any) -> int:
             """getattr without the attribute dict: copy the packed ``struct stat`` into place."""
