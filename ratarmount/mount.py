@@ -26,6 +26,7 @@ from ratarmountcore.sources.factory import open_source
 
 from .cli import MountOptions, check_mountpoint
 from .daemon_log import SYSLOG_SOCKET, route_background_logs
+from .mountpoint_lock import MountpointLock
 from .termination import STOPPED_STATUSES, default_signal_handlers, ended_by, exit_status
 from .workers import default_max_threads
 
@@ -145,12 +146,15 @@ def run_fuse(
     raise_soft_limit()  # a union of a thousand archives needs two thousand descriptors
     source = open_source(options.sources, options.open_options)
     label = os.path.basename(options.sources[0]) + ("" if len(options.sources) == 1 else ",...")
+    point = MountpointLock(options.mountpoint)
     try:
         # What was opened may leave too few descriptors for the session itself (/dev/fuse, its
         # negotiation, the folder prefetcher, a thread's index connection): said now, in one line.
         check_left(f"mounting {describe_sources(options.sources)}", SESSION_DESCRIPTORS)
         # Again, once the index is built (seconds may have passed): another mount made at the same
-        # point meanwhile would be stacked over, or under, this one.
+        # point meanwhile would be stacked over, or under, this one. Under the point's lock until
+        # the session serves (``mountpoint_lock.py``): a mount checking meanwhile waits.
+        point.acquire()
         check_mountpoint(options.mountpoint, options.fuse_options)
         if before_mount is not None:
             before_mount()
@@ -165,6 +169,7 @@ def run_fuse(
 
         def ready() -> None:
             mounted.append(True)
+            point.release()
             try:
                 source.expect_reads()  # (returns at once)
             except Exception as exc:  # noqa: BLE001 - a hint; the reads will say what is wrong
@@ -216,6 +221,7 @@ def run_fuse(
             if not mounted or os.path.ismount(options.mountpoint):
                 raise RatarmountError(f"cannot mount at {options.mountpoint} (see the message above)") from None
     finally:
+        point.release()
         source.close()
 
 

@@ -1,0 +1,52 @@
+"""The lock that orders mounts of one mount point (ratarmount/mountpoint_lock.py)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from pathlib import Path
+
+from ratarmount.mountpoint_lock import MountpointLock
+
+
+def _hold(path: str, held: "multiprocessing.synchronize.Event", go: "multiprocessing.synchronize.Event") -> None:
+    lock = MountpointLock(path)
+    lock.acquire()
+    held.set()
+    go.wait(10)
+    lock.release()
+
+
+def test_a_second_mount_waits_for_the_first_to_release_its_point(tmp_path: Path) -> None:
+    """Another process (another mount) holding the point: ``acquire`` returns only after it
+    released it; ``release`` twice is harmless."""
+    context = multiprocessing.get_context("fork")
+    held, go = context.Event(), context.Event()
+    holder = context.Process(target=_hold, args=(str(tmp_path), held, go))
+    holder.start()
+    try:
+        assert held.wait(10)
+        lock = MountpointLock(str(tmp_path))
+        released_at = []
+
+        def release_soon() -> None:
+            time.sleep(0.3)
+            released_at.append(time.monotonic())
+            go.set()
+
+        threading.Thread(target=release_soon).start()
+        lock.acquire()
+        acquired = time.monotonic()
+        assert released_at and acquired >= released_at[0]  # (it waited for the release)
+        lock.release()
+        lock.release()
+    finally:
+        go.set()
+        holder.join(10)
+
+
+def test_a_point_that_cannot_be_opened_is_left_to_the_check(tmp_path: Path) -> None:
+    lock = MountpointLock(str(tmp_path / "missing"))
+    lock.acquire()  # (no error here: check_mountpoint says what is wrong)
+    lock.release()
