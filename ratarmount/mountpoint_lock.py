@@ -16,13 +16,20 @@ import fcntl
 import logging
 import os
 import threading
+import time
 
 logger = logging.getLogger(__name__)
 
+#: The longest a mount waits for another mount of its point to be up (libfuse's mount and the
+#: kernel's first request take milliseconds; a mount stuck before serving must not stop ours).
+WAIT_S = 30.0
+#: How often it looks meanwhile.
+POLL_S = 0.01
+
 
 class MountpointLock:
-    """``acquire`` blocks until no other mount of ours holds the folder; ``release`` may be
-    called from any thread, more than once."""
+    """``acquire`` waits until no other mount of ours holds the folder (at most ``WAIT_S``);
+    ``release`` may be called from any thread, more than once."""
 
     def __init__(self, mountpoint: str) -> None:
         self._mountpoint = mountpoint
@@ -35,12 +42,21 @@ class MountpointLock:
         except OSError as exc:  # (the check that follows says what is wrong with the point)
             logger.debug("Cannot open %s to lock it: %s", self._mountpoint, exc)
             return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as exc:
-            logger.debug("Cannot lock %s: %s", self._mountpoint, exc)
-            os.close(fd)
-            return
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:  # (a mount that hangs before serving: go on)
+                    logger.debug("%s stayed locked for %.0f s; mounting without the lock", self._mountpoint, WAIT_S)
+                    os.close(fd)
+                    return
+                time.sleep(POLL_S)
+            except OSError as exc:
+                logger.debug("Cannot lock %s: %s", self._mountpoint, exc)
+                os.close(fd)
+                return
         with self._lock:
             self._fd = fd
 

@@ -7,6 +7,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from ratarmount.mountpoint_lock import MountpointLock
 
 
@@ -50,3 +52,25 @@ def test_a_point_that_cannot_be_opened_is_left_to_the_check(tmp_path: Path) -> N
     lock = MountpointLock(str(tmp_path / "missing"))
     lock.acquire()  # (no error here: check_mountpoint says what is wrong)
     lock.release()
+
+
+def test_a_point_held_too_long_is_mounted_without_the_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mount stuck before it serves must not stop another one for good: after ``WAIT_S`` the
+    lock is given up (the check of the point decides)."""
+    from ratarmount import mountpoint_lock
+
+    monkeypatch.setattr(mountpoint_lock, "WAIT_S", 0.2)
+    context = multiprocessing.get_context("fork")
+    held, go = context.Event(), context.Event()
+    holder = context.Process(target=_hold, args=(str(tmp_path), held, go))
+    holder.start()
+    try:
+        assert held.wait(10)
+        lock = MountpointLock(str(tmp_path))
+        start = time.monotonic()
+        lock.acquire()
+        assert 0.2 <= time.monotonic() - start < 5
+        assert lock._fd == -1  # (not held)  # noqa: SLF001
+    finally:
+        go.set()
+        holder.join(10)
