@@ -81,8 +81,7 @@ if fuse is not None:
             that calls the operations' one)."""
             if path is None:
                 raise fuse.FuseOSError(errno.EBADF)
-            fh = fip.contents.fh if fip else 0
-            return int(self.operations.lseek(path.decode(self.encoding, self.errors), offset, whence, fh))
+            return int(self.operations.lseek(path.decode(self.encoding, self.errors), offset, whence))
 
         def fgetattr(self, path: Optional[bytes], buf: Any, fip: Any) -> int:
             """getattr without the attribute dict: copy the packed ``struct stat`` into place."""

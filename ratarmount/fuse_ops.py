@@ -219,7 +219,7 @@ class FuseOperations(fuse.Operations if fuse is not None else object):  # type: 
         return 0
 
     @translate_errors
-    def lseek(self, path: str, offset: int, whence: int, fh: int) -> int:
+    def lseek(self, path: str, offset: int, whence: int) -> int:
         """Where ``SEEK_DATA`` or ``SEEK_HOLE`` from ``offset`` goes in a file (the only
         ``lseek``s the kernel asks about): a sparse member's holes are its own. (Without it the
         kernel takes every file for data to its end: ``cp`` copied sparse members whole.)"""

@@ -310,9 +310,12 @@ class PooledReader(CompressedReader):
         if self._warm is None:
             self._start_warm()
         spans = self._spans
-        if need < end and spans is not None:
-            if spans.size >= PARTS_MIN_FACTOR * spans.capacity or shares_beyond_budget(spans):
-                return self._decode_from_seek_point(start, end, need)
+        if (
+            need < end
+            and spans is not None
+            and (spans.size >= PARTS_MIN_FACTOR * spans.capacity or shares_beyond_budget(spans))
+        ):
+            return self._decode_from_seek_point(start, end, need)
         return self._decode_from_seek_point(start, end)
 
     def _decode_from_seek_point(self, start: int, end: int, upto: Optional[int] = None) -> bytes:

@@ -164,7 +164,6 @@ class ConnectionPool:
         except sqlite3.Error:
             if self._identity is None:
                 raise
-            check_left(self.path)  # (out of descriptors: the file is fine, say that instead)
             self._gone("cannot be opened again")
             return None
         try:
@@ -176,7 +175,6 @@ class ConnectionPool:
             conn.close()
             if self._identity is None:
                 raise
-            check_left(self.path)
             self._gone("cannot be read again")
             return None
         identity = (st.st_dev, st.st_ino)
@@ -197,6 +195,8 @@ class ConnectionPool:
         return conn
 
     def _gone(self, why: str) -> None:
+        """(A new connection failed.) Out of descriptors, the file is fine: say that instead."""
+        check_left(self.path)
         with self._lock:
             self._gone_locked(why)
 

@@ -401,7 +401,7 @@ class DirectorySource(MountSource):
     def _open_archive(self, relative: str) -> Optional[MountSource]:
         from .archive import ArchiveSource, open_archive
 
-        path = os.path.join(self.path, relative)
+        path = self._host_path(relative)
         try:
             source = open_archive(path, self._options)
         except TooManyOpenFilesError:
@@ -724,7 +724,7 @@ class DirectorySource(MountSource):
         if isinstance(locator, MemberLocator):
             return locator.source.open_info(locator.info)
         fd, st, relative = self._open_file(info)
-        reader = PlainFileReader.from_fd(os.path.join(self.path, relative), fd)
+        reader = PlainFileReader.from_fd(self._host_path(relative), fd)
 
         def current_size() -> int:  # (the file may have grown since: a log being written)
             reader.size = os.fstat(reader.fd).st_size
