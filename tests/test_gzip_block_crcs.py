@@ -19,6 +19,7 @@ import pytest
 from conftest import Mounter, tar_bytes
 
 import ratarmountcore
+from ratarmountcore.compression import checked_blocks
 from ratarmountcore.compression import gzip as gzip_backend
 from ratarmountcore.compression.block_crcs import TABLE_NAME, BlockCrcs, CrcCollector, CrcScan
 from ratarmountcore.errors import ArchiveError, CorruptDataError, InvalidIndexError
@@ -406,3 +407,28 @@ def test_the_first_pass_checks_the_trailer_with_its_own_crc32(
     with ratarmountcore.open(str(path), options()) as src:
         assert src.read("/big/large.bin") == make_members(random.Random(23), 200)["big/large.bin"]
     assert len(passes) == members_in_file - 1
+
+
+def test_checked_blocks_are_kept_for_the_process_not_per_archive(tmp_path: Path) -> None:
+    """Small reads keep the blocks they checked; 40 archives read all over keep no more of them
+    than one process-wide bound (8 per archive before: 40 x 128 KiB), the blocks a sequential
+    reader is in are still found again, and a closed archive leaves none behind."""
+    rng = random.Random(5)
+    paths, contents = [], []
+    for i in range(40):
+        members = {f"c{i:02d}/f{k:03d}.txt": rng.randbytes(rng.randint(300, 2000)).hex().encode() for k in range(60)}
+        paths.append(str(tar_gz(tmp_path / f"c{i:02d}.tar.gz", members)))
+        contents.append(members)
+    with ratarmountcore.open(paths, options()) as source:
+        for members in contents:
+            for name, data in members.items():
+                assert source.read("/" + name) == data
+        assert 0 < len(checked_blocks.BLOCKS) <= checked_blocks.PROCESS_BLOCKS
+        # The first archive's members in order again (its blocks are long gone): one block holds
+        # several of them, and each block is decoded for the first of them only.
+        blocks = checked_blocks.BLOCKS
+        misses, hits = blocks.misses, blocks.hits
+        for name, data in contents[0].items():
+            assert source.read("/" + name) == data
+        assert blocks.hits - hits > 2 * (blocks.misses - misses) > 0
+    assert len(checked_blocks.BLOCKS) == 0

@@ -12,7 +12,6 @@ instead of returning wrong bytes. Truncation is detected at the end of the first
 
 from __future__ import annotations
 
-import collections
 import io
 import logging
 import struct
@@ -24,6 +23,7 @@ from ..errors import CorruptDataError, InvalidIndexError, TruncatedArchiveError
 from ..formats import FormatId
 from ..io.readers import RandomAccessReader
 from ..options import CompressionOptions
+from . import checked_blocks
 from .base import FdFile, SeekPointSource, SeekPointWriter, pack_seek_points, read_fully
 from .block_crcs import BLOCK, TABLE_NAME, BlockCrcs, CrcCollector, CrcScan
 from .deflate_resume import DeflateResumer
@@ -39,9 +39,6 @@ MAX_SPACING = 1024 * 1024 * 1024
 PARALLEL_CHUNK = 1024 * 1024
 #: Last blocks of large reads kept for the sequential readers that continue them.
 AHEAD_KEPT = 8
-#: Checked blocks kept for small reads (16 KiB each), per reader: a sequential reader of small
-#: files needs the block it is in; a union of 200 archives keeps 200 times this.
-CHECKED_BLOCKS = 8
 #: The empty member that ends a BGZF file (bgzip, samtools).
 BGZF_EOF = bytes.fromhex("1f8b08040000000000ff0600424302001b0003000000000000000000")
 
@@ -97,9 +94,8 @@ class _GzipReader(PooledReader):
         #: continues from its end.
         self._ahead: Dict[int, Tuple[int, bytes]] = {}
         self._ahead_lock = threading.Lock()
-        #: Blocks checked for small reads, most recent last.
-        self._checked_blocks: "collections.OrderedDict[int, bytes]" = collections.OrderedDict()
-        self._checked_lock = threading.Lock()
+        #: This reader's key in the process's cache of checked blocks (``checked_blocks.py``).
+        self._checked_token = checked_blocks.new_token()
 
     @classmethod
     def index_options_for(cls, options: CompressionOptions) -> Dict[str, str]:
@@ -197,17 +193,14 @@ class _GzipReader(PooledReader):
             return b""
         block = crcs.block
         if end - start <= block:  # one block (the last one may be short)
-            with self._checked_lock:
-                data = self._checked_blocks.get(start)
-                if data is not None:
-                    self._checked_blocks.move_to_end(start)
+            data = checked_blocks.BLOCKS.get(self._checked_token, start)
             if data is None:
                 data = self._read_checked(crcs, start, end)
-                self._keep_checked(start, data)
+                checked_blocks.BLOCKS.put(self._checked_token, start, data)
         else:
             data = self._read_checked(crcs, start, end)
             if end % block == 0:  # where a sequential reader of small files continues
-                self._keep_checked(end - block, data[-block:])
+                checked_blocks.BLOCKS.put(self._checked_token, end - block, data[-block:])
         if start == offset and len(data) <= size:
             return data
         return data[offset - start : offset - start + size]
@@ -218,14 +211,6 @@ class _GzipReader(PooledReader):
         self._expect(start, end, len(data))
         crcs.verify(self.path, start, data)
         return data
-
-    def _keep_checked(self, start: int, data: bytes) -> None:
-        with self._checked_lock:
-            blocks = self._checked_blocks
-            blocks[start] = data
-            blocks.move_to_end(start)
-            while len(blocks) > CHECKED_BLOCKS:
-                blocks.popitem(last=False)
 
     def _expect(self, start: int, end: int, count: int) -> None:
         if count != end - start:
@@ -580,6 +565,7 @@ class RapidgzipReader(_GzipReader):
 
     def close(self) -> None:
         scan, self._process_scan = self._process_scan, None
+        checked_blocks.BLOCKS.drop(self._checked_token)
         try:
             if scan is not None:
                 scan.close()
