@@ -22,8 +22,9 @@ from typing import Optional, Tuple
 
 from ..io import forks
 
-#: Checked blocks kept in all, for all readers of the process (16 KiB each: 1 MiB).
-PROCESS_BLOCKS = 64
+#: Checked blocks kept in all, for all readers of the process (16 KiB each: 512 KiB; one reader
+#: alone kept 8 before, 128 KiB).
+PROCESS_BLOCKS = 32
 
 _tokens = itertools.count(1)
 
