@@ -536,7 +536,7 @@ class LowLevelFuse:
         try:  # (libfuse's unmount does nothing when the mount failed)
             if lib.fuse_session_mount(session, os.fsencode(mountpoint)) != 0:
                 raise RatarmountError(f"cannot mount at {mountpoint} (see the message above)")
-            if self.max_threads >= 2 and self.ops.source.is_immutable:
+            if self.max_threads >= 2:  # (only entries that cannot change are stored: data_for_open)
                 self._device = lib.fuse_session_fd(session)
                 self._stores = threading.BoundedSemaphore(self.max_threads - 1)
             if self.ops.prefetcher is not None:

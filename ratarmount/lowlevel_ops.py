@@ -623,13 +623,13 @@ class LowLevelOperations:
         """The data of the file a process opens and asks whether it is a terminal (Python's
         ``open()`` does, for its buffering), read into ``view`` for the kernel's page cache
         before the answer: the READ that follows is then served by the kernel. 0: nothing to
-        store (not a regular file that fits into ``view``, or stored before). The front-end
-        asks only for immutable sources."""
+        store (not a regular file that fits into ``view``, one that may change -- a folder
+        source's own file --, or stored before)."""
         if node in self._stored:
             return 0
         info = self._resolve(node)[1][0]
         size = info.size
-        if not info.is_file or size == 0 or size > len(view):
+        if not info.is_file or size == 0 or size > len(view) or not self.source.is_immutable_entry(info):
             return 0
         if self.files.read_unopened(info, 0, view[:size]) != size:
             return 0  # (shorter than its size: the READ tells)

@@ -80,6 +80,29 @@ def test_asking_isatty_puts_a_small_file_into_the_page_cache(mounter: Mounter, t
         assert f.read() == b""
 
 
+def test_a_folder_source_stores_archive_members_but_not_its_own_files(mounter: Mounter, tmp_path: Path) -> None:
+    """A folder may change, its archives' members cannot: a member is stored on isatty as in
+    an archive mounted alone, a file of the folder itself is left to its READ (stored pages
+    of a file that then changes would be served stale)."""
+    files = _files()
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "a.tar").write_bytes(tar_bytes(files))
+    (folder / "plain.bin").write_bytes(files["d/small"])
+    root = mounter.mount(folder, extra=["-r"])
+    for name, stored in (("a.tar/d/small", True), ("plain.bin", False)):
+        fd = os.open(root / name, os.O_RDONLY)
+        try:
+            assert not os.isatty(fd)
+            assert _cached(root / name) is stored, name
+            assert os.pread(fd, len(files["d/small"]) + 1, 0) == files["d/small"]
+        finally:
+            os.close(fd)
+    (folder / "plain.bin").write_bytes(files["d/page"])  # what a changed file reads
+    with open(root / "plain.bin", "rb") as f:
+        assert f.read() == files["d/page"]
+
+
 @pytest.mark.skipif(sys.version_info >= (3, 13), reason="this Python's open() may not call isatty")
 def test_python_open_gets_the_data_without_a_read(mounter: Mounter, tmp_path: Path) -> None:
     files = _files()
