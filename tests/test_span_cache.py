@@ -276,6 +276,36 @@ def test_all_caches_of_the_process_share_one_bound(monkeypatch: pytest.MonkeyPat
     assert spans._PROCESS.bytes == 0
 
 
+@pytest.mark.parametrize(
+    ("count", "capacity", "whole"),
+    [(1, 3000, False), (2, 10_000, True), (3, 10_000, True), (4, 10_000, False)],
+)
+def test_several_streams_up_to_three_times_the_bound_are_kept_whole(
+    monkeypatch: pytest.MonkeyPatch, count: int, capacity: int, whole: bool
+) -> None:
+    """A folder or union of small archives whose data is at most ``GROWTH`` (3) times the bound
+    is all kept (read again, no span is decoded twice); more than that, or one stream alone,
+    keeps the bound."""
+    from ratarmountcore.compression import spans
+
+    monkeypatch.setattr(spans, "_PROCESS", spans._ProcessBudget())
+    starts = list(range(0, len(DATA), 1000))
+    caches = [SpanCache(starts, len(DATA), capacity=capacity) for _ in range(count)]
+    total = len(DATA) * count
+    decode = CountingDecoder(DATA)
+    for _ in range(2):
+        for cache in caches:
+            for offset in range(0, len(DATA), 1000):
+                assert cache.read(offset, 10, decode) == DATA[offset : offset + 10]
+    assert spans.shares_beyond_budget(caches[0]) is (count > 1 and not whole)
+    if whole:
+        assert len(decode.calls) == total // 1000 and spans._PROCESS.bytes == total
+    else:
+        assert len(decode.calls) == 2 * total // 1000 and spans._PROCESS.bytes <= capacity
+    for cache in caches:
+        cache.clear()
+
+
 def one_member_tar_gz(path: Path, data: bytes) -> Path:
     """``path``: a .tar.gz holding ``data`` as ``big.bin``."""
     buffer = io.BytesIO()
