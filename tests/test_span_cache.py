@@ -306,6 +306,23 @@ def test_several_streams_up_to_three_times_the_bound_are_kept_whole(
         cache.clear()
 
 
+def test_a_closed_cache_no_longer_counts_among_the_streams(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closing a cache takes its stream out of the sum at once (not when it is collected): the
+    archives of a closed union must not make the next ones seem to share the bound."""
+    from ratarmountcore.compression import spans
+
+    monkeypatch.setattr(spans, "_PROCESS", spans._ProcessBudget())
+    starts = list(range(0, len(DATA), 1000))
+    caches = [SpanCache(starts, len(DATA), capacity=len(DATA)) for _ in range(2)]
+    assert (spans._PROCESS.streams, spans._PROCESS.count) == (2 * len(DATA), 2)
+    caches[0].read(0, 10, CountingDecoder(DATA))
+    caches[0].close()
+    assert (spans._PROCESS.streams, spans._PROCESS.count, spans._PROCESS.bytes) == (len(DATA), 1, 0)
+    caches[0].close()  # (twice: counted out once)
+    del caches[0]
+    assert (spans._PROCESS.streams, spans._PROCESS.count) == (len(DATA), 1)
+
+
 def one_member_tar_gz(path: Path, data: bytes) -> Path:
     """``path``: a .tar.gz holding ``data`` as ``big.bin``."""
     buffer = io.BytesIO()

@@ -518,6 +518,6 @@ class PooledReader(CompressedReader):
                     spans.misses,
                     spans.decoded_bytes,
                 )
-                spans.clear()
+                spans.close()
         finally:
             super().close()

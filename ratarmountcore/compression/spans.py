@@ -145,7 +145,8 @@ class SpanCache:
         self.capacity = capacity
         _PROCESS.budget = max(_PROCESS.budget, capacity)
         _PROCESS.stream_opened(size)
-        weakref.finalize(self, _PROCESS.stream_closed, size)
+        #: Takes the stream out of the process's sum (once: at ``close`` or when collected).
+        self._uncount = weakref.finalize(self, _PROCESS.stream_closed, size)
         #: Spans longer than this are not cached (the caller reads them directly).
         self.max_span = max(1, capacity // 4)
         self._all_cacheable = max(e - s for s, e in zip(self._starts, self._ends)) <= self.max_span
@@ -315,6 +316,14 @@ class SpanCache:
             self._whole.clear()
             self._bytes = 0
         _PROCESS.forget(self, starts)
+
+    def close(self) -> None:
+        """Drop everything; the stream no longer counts among the process's streams (which
+        decide whether streams share the bound: ``shares_beyond_budget``). A reader's caches
+        were counted until collected, and a closed union's archives made the next one's
+        streams seem to share it."""
+        self.clear()
+        self._uncount()
 
     @property
     def cached_bytes(self) -> int:
