@@ -123,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=mib,
         default=32.0,
         metavar="MiB",
-        help="decoded data kept, all compressed archives together, for reads near earlier ones (default 32; 0: off)",
+        help="decoded data kept, all compressed archives together, for reads near earlier ones (default 32; 0: off); "
+        "several small archives whose data is at most 3 times this are kept whole",
     )
     parser.add_argument(
         "--read-ahead",
