@@ -72,6 +72,32 @@ def test_too_low_a_hard_limit_is_named_as_the_cause(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir() if p.name not in names] == []
 
 
+#: A hard limit that holds a descriptor per archive, but not a second one for each index.
+ONE_EACH = 144
+
+
+@requires_fuse
+@pytest.mark.parametrize("folder", [False, True])
+def test_indexes_share_what_descriptors_the_archives_leave(tmp_path: Path, mounter: Mounter, folder: bool) -> None:
+    """Idle index connections beyond a quarter of the limit are closed (``pool.max_idle``):
+    60 archives mount and read under a hard limit of 144, where a connection kept open for each
+    (60 + 60, and the 32 the session keeps free) did not fit."""
+    root = tmp_path / "train"
+    root.mkdir()
+    archives = many_tars(root)
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    mounter.mounts.append(mountpoint)
+    sources = ["-r", str(root)] if folder else [str(a) for a in archives]
+    result = run_ratarmount(*sources, str(mountpoint), preexec_fn=limit_to(ONE_EACH, ONE_EACH))
+    assert result.returncode == 0, result.stderr
+    for i in range(ARCHIVES):
+        inner = f"class{i:03d}.tar/n{i:03d}" if folder else f"n{i:03d}"
+        for j in range(2):
+            assert (mountpoint / inner / f"image{j}.JPEG").read_bytes() == f"{i}-{j}".encode()
+    mounter.unmount(mountpoint)
+
+
 def class_folder(folder: Path) -> Path:
     """A folder of class tars, as ImageNet's train tar extracts to."""
     folder.mkdir()

@@ -39,7 +39,7 @@ from typing import Any, List, NoReturn, Optional, Tuple
 
 from ..errors import ClosedSourceError, CorruptIndexError, TooManyOpenFilesError
 from ..io import forks, sqlite_gate
-from ..io.descriptors import check_left
+from ..io.descriptors import check_left, limits
 from .warm import IndexWarmer
 
 logger = logging.getLogger(__name__)
@@ -63,6 +63,19 @@ def read_only_uri(path: str) -> str:
 #: Connections open across all pools of the process beyond which idle ones are closed (a
 #: backstop for unions of thousands of archives; each then holds ~30 KiB).
 MAX_IDLE = 4096
+#: ... or a quarter of the descriptors the process may open, where that is fewer (at least
+#: ``MIN_IDLE``): each archive of a union or folder holds a descriptor of its own besides, and
+#: a connection per archive made a union of 124 tars the most that a limit of 256 allowed.
+IDLE_SHARE = 4
+MIN_IDLE = 16
+
+
+def max_idle() -> int:
+    """How many connections the process keeps open before it closes idle ones."""
+    soft, _hard = limits()
+    return MAX_IDLE if soft <= 0 else min(MAX_IDLE, max(MIN_IDLE, soft // IDLE_SHARE))
+
+
 #: SQLite page cache of all connections together, split among the live pools, at most
 #: ``PAGE_CACHE_MAX`` each; a share below ``PAGE_CACHE_FLOOR`` (SQLite keeps at least 10 pages
 #: once it caches any: 160 KiB of 16 KiB pages) is none at all: such a connection reads its
@@ -85,7 +98,7 @@ _TICKS = itertools.count()
 
 
 class _IdleConnections:
-    """The number of connections open in the process; beyond ``MAX_IDLE``, opening one closes
+    """The number of connections open in the process; beyond ``max_idle()``, opening one closes
     idle connections of the least recently used pools. Its lock is never held together with a
     pool's lock."""
 
@@ -96,7 +109,7 @@ class _IdleConnections:
     def opened(self, pool: "ConnectionPool") -> None:
         with self._lock:
             self._count += 1
-            excess = self._count - MAX_IDLE
+            excess = self._count - max_idle()
         if excess <= 0:
             return
         for other in sorted(list(_LIVE), key=lambda p: p._last_used):

@@ -1,5 +1,6 @@
-"""File descriptors: a union of many archives needs about two per archive (the archive, one
-connection to its index; more while threads read at once), and 1,024 -- the soft limit most
+"""File descriptors: a union of many archives needs one per archive and one per connection to
+an index (idle ones beyond a quarter of the limit are closed: ``index/pool.max_idle``; more while
+threads read at once), and 1,024 -- the soft limit most
 distributions set -- is reached by a union of ImageNet's 1,000 class tars. The mount raises its
 soft limit to the hard one (which a process may always do), and running out is reported as that,
 not as whatever the failed open was about to do."""
