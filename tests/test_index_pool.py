@@ -88,6 +88,32 @@ def test_idle_connections_beyond_the_bound_are_closed_and_reopened(
             p.close()
 
 
+def test_idle_connections_make_room_when_descriptors_run_short(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below the bound, idle connections are closed only when the process is short of
+    descriptors: then half of them, least recently used first, by a new connection or by
+    ``make_room`` (called before an archive is opened)."""
+    monkeypatch.setattr(pool_module, "_IDLE", pool_module._IdleConnections())
+    monkeypatch.setattr(pool_module, "_LIVE", weakref.WeakSet())
+    short = [False]
+    monkeypatch.setattr(pool_module, "_few_descriptors_left", lambda: short[0])
+    pools = [ConnectionPool(str(database(tmp_path / f"db{i}.sqlite"))) for i in range(6)]
+    try:
+        for p in pools[:4]:
+            assert p.query("SELECT value FROM t", one=True) == (7,)
+        assert [p.connection_count for p in pools] == [1, 1, 1, 1, 0, 0]
+        pool_module.make_room()
+        assert [p.connection_count for p in pools] == [1, 1, 1, 1, 0, 0]  # (enough left)
+        short[0] = True
+        pool_module.make_room()
+        assert [p.connection_count for p in pools] == [0, 0, 1, 1, 0, 0]
+        assert pools[4].query("SELECT value FROM t", one=True) == (7,)  # 3 open: one closed
+        assert [p.connection_count for p in pools] == [0, 0, 0, 1, 1, 0]
+        assert pools[0].query("SELECT value FROM t", one=True) == (7,)  # reopened when asked
+    finally:
+        for p in pools:
+            p.close()
+
+
 def test_union_of_many_archives_reads_with_connections_closed_under_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -79,8 +79,8 @@ ONE_EACH = 144
 @requires_fuse
 @pytest.mark.parametrize("folder", [False, True])
 def test_indexes_share_what_descriptors_the_archives_leave(tmp_path: Path, mounter: Mounter, folder: bool) -> None:
-    """Idle index connections beyond a quarter of the limit are closed (``pool.max_idle``):
-    60 archives mount and read under a hard limit of 144, where a connection kept open for each
+    """Idle index connections are closed as descriptors run short (``pool.make_room``): 60
+    archives mount and read under a hard limit of 144, where a connection kept open for each
     (60 + 60, and the 32 the session keeps free) did not fit."""
     root = tmp_path / "train"
     root.mkdir()

@@ -39,7 +39,7 @@ from typing import Any, List, NoReturn, Optional, Tuple
 
 from ..errors import ClosedSourceError, CorruptIndexError, TooManyOpenFilesError
 from ..io import forks, sqlite_gate
-from ..io.descriptors import check_left, limits
+from ..io.descriptors import check_left, limits, scarce
 from .warm import IndexWarmer
 
 logger = logging.getLogger(__name__)
@@ -63,17 +63,18 @@ def read_only_uri(path: str) -> str:
 #: Connections open across all pools of the process beyond which idle ones are closed (a
 #: backstop for unions of thousands of archives; each then holds ~30 KiB).
 MAX_IDLE = 4096
-#: ... or a quarter of the descriptors the process may open, where that is fewer (at least
-#: ``MIN_IDLE``): each archive of a union or folder holds a descriptor of its own besides, and
-#: a connection per archive made a union of 124 tars the most that a limit of 256 allowed.
-IDLE_SHARE = 4
-MIN_IDLE = 16
+#: Descriptors kept free as archives and connections are opened (``RESERVE`` and a sixteenth
+#: of the limit): fewer left, and half the connections open are closed where idle, the least
+#: recently used pools' first. Each archive of a union or folder holds a descriptor of its own;
+#: with an idle connection kept for each as well, a union of 150 tars under a limit of 256
+#: failed at the 124th.
+RESERVE = 64
 
 
-def max_idle() -> int:
-    """How many connections the process keeps open before it closes idle ones."""
-    soft, _hard = limits()
-    return MAX_IDLE if soft <= 0 else min(MAX_IDLE, max(MIN_IDLE, soft // IDLE_SHARE))
+def make_room() -> None:
+    """Close idle connections when the process is about to run out of descriptors (called
+    before an archive is opened, and by every new connection)."""
+    _IDLE.make_room()
 
 
 #: SQLite page cache of all connections together, split among the live pools, at most
@@ -98,9 +99,9 @@ _TICKS = itertools.count()
 
 
 class _IdleConnections:
-    """The number of connections open in the process; beyond ``max_idle()``, opening one closes
-    idle connections of the least recently used pools. Its lock is never held together with a
-    pool's lock."""
+    """The number of connections open in the process; beyond ``MAX_IDLE``, or with few
+    descriptors left, opening one closes idle connections of the least recently used pools.
+    Its lock is never held together with a pool's lock."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -109,11 +110,22 @@ class _IdleConnections:
     def opened(self, pool: "ConnectionPool") -> None:
         with self._lock:
             self._count += 1
-            excess = self._count - max_idle()
+            count = self._count
+        excess = count - MAX_IDLE
+        if excess <= 0 and _few_descriptors_left():
+            excess = count // 2
+        self._close(excess, pool)
+
+    def make_room(self) -> None:
+        if _few_descriptors_left():
+            self._close(self._count // 2, None)
+
+    def _close(self, excess: int, keep: Optional["ConnectionPool"]) -> None:
+        """Close up to ``excess`` idle connections, least recently used pools first (not ``keep``'s)."""
         if excess <= 0:
             return
         for other in sorted(list(_LIVE), key=lambda p: p._last_used):
-            if other is not pool:
+            if other is not keep:
                 excess -= other._close_idle(excess)
                 if excess <= 0:
                     return
@@ -125,6 +137,11 @@ class _IdleConnections:
 
 _IDLE = _IdleConnections()
 _LIVE: "weakref.WeakSet[ConnectionPool]" = weakref.WeakSet()
+
+
+def _few_descriptors_left() -> bool:
+    soft, _hard = limits()
+    return scarce(RESERVE + max(0, soft) // 16)
 
 
 def cache_size_pragma(index_size: int) -> str:

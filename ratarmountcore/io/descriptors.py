@@ -1,6 +1,6 @@
 """File descriptors: a union of many archives needs one per archive and one per connection to
-an index (idle ones beyond a quarter of the limit are closed: ``index/pool.max_idle``; more while
-threads read at once), and 1,024 -- the soft limit most
+an index (idle ones are closed when few descriptors are left: ``index/pool.make_room``; more
+while threads read at once), and 1,024 -- the soft limit most
 distributions set -- is reached by a union of ImageNet's 1,000 class tars. The mount raises its
 soft limit to the hard one (which a process may always do), and running out is reported as that,
 not as whatever the failed open was about to do."""
@@ -84,3 +84,19 @@ def check_left(what: str, need: int = HEADROOM) -> None:
     finally:
         for fd in opened:
             os.close(fd)
+
+
+def scarce(reserve: int) -> bool:
+    """Whether at most ``reserve`` descriptors may be left (cheap: one open and close). The
+    lowest free descriptor number counts the open ones below it, so this never misses a
+    process that opened descriptors one after another up to near its limit; one whose free
+    numbers are holes left by closes has that many spare anyway."""
+    soft, _hard = limits()
+    if soft <= 0:
+        return False
+    try:
+        fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return True
+    os.close(fd)
+    return soft - fd <= reserve

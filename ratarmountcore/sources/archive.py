@@ -426,8 +426,10 @@ def open_archive(path: str, options: Optional[OpenOptions] = None) -> MountSourc
 def _open_archive(path: str, options: OpenOptions, failed: Mapping[str, str]) -> MountSource:
     from ..compression.registry import open_compressed
     from ..formats import COMPRESSIONS, has_tar_magic, is_tar_stream, other_format, sniff_bytes
+    from ..index.pool import make_room
     from ..io.descriptors import check_left
 
+    make_room()  # (a union or folder of many archives: idle index connections make way)
     try:
         plain = PlainFileReader(path)
     except FileNotFoundError:
