@@ -201,3 +201,23 @@ def test_a_decoder_that_cannot_open_its_file_is_no_corrupt_data(tmp_path: Path) 
         assert source.read_into(info, 0, memoryview(buffer)) == len(buffer) and bytes(buffer) == files["d/f1"]
     finally:
         source.close()
+
+
+def test_scarce_counts_the_descriptors_left_below_the_soft_limit() -> None:
+    from ratarmountcore.io.descriptors import scarce
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    probe = os.open(os.devnull, os.O_RDONLY)
+    os.close(probe)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (probe + 10, hard))
+    try:
+        assert scarce(10, 1 << 20) and scarce(12, 1 << 20)
+        assert not scarce(8, 1 << 20)
+        held = [os.open(os.devnull, os.O_RDONLY) for _ in range(4)]  # 6 left now
+        try:
+            assert scarce(6, 1 << 20) and not scarce(4, 1 << 20)
+        finally:
+            for fd in held:
+                os.close(fd)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

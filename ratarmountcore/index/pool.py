@@ -39,7 +39,7 @@ from typing import Any, List, NoReturn, Optional, Tuple
 
 from ..errors import ClosedSourceError, CorruptIndexError, TooManyOpenFilesError
 from ..io import forks, sqlite_gate
-from ..io.descriptors import check_left, limits, scarce
+from ..io.descriptors import check_left, scarce
 from .warm import IndexWarmer
 
 logger = logging.getLogger(__name__)
@@ -69,14 +69,6 @@ MAX_IDLE = 4096
 #: with an idle connection kept for each as well, a union of 150 tars under a limit of 256
 #: failed at the 124th.
 RESERVE = 64
-
-
-def make_room() -> None:
-    """Close idle connections when the process is about to run out of descriptors (called
-    before an archive is opened, and by every new connection)."""
-    _IDLE.make_room()
-
-
 #: SQLite page cache of all connections together, split among the live pools, at most
 #: ``PAGE_CACHE_MAX`` each; a share below ``PAGE_CACHE_FLOOR`` (SQLite keeps at least 10 pages
 #: once it caches any: 160 KiB of 16 KiB pages) is none at all: such a connection reads its
@@ -140,8 +132,13 @@ _LIVE: "weakref.WeakSet[ConnectionPool]" = weakref.WeakSet()
 
 
 def _few_descriptors_left() -> bool:
-    soft, _hard = limits()
-    return scarce(RESERVE + max(0, soft) // 16)
+    return scarce(RESERVE, 16)
+
+
+def make_room() -> None:
+    """Close idle connections when the process is about to run out of descriptors (called
+    before an archive is opened, and by every new connection)."""
+    _IDLE.make_room()
 
 
 def cache_size_pragma(index_size: int) -> str:

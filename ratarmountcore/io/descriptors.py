@@ -86,11 +86,11 @@ def check_left(what: str, need: int = HEADROOM) -> None:
             os.close(fd)
 
 
-def scarce(reserve: int) -> bool:
-    """Whether at most ``reserve`` descriptors may be left (cheap: one open and close). The
-    lowest free descriptor number counts the open ones below it, so this never misses a
-    process that opened descriptors one after another up to near its limit; one whose free
-    numbers are holes left by closes has that many spare anyway."""
+def scarce(reserve: int, fraction: int) -> bool:
+    """Whether at most ``reserve`` descriptors and a ``fraction``-th of the limit may be left
+    (cheap: one open and close). The lowest free descriptor number counts the open ones below
+    it, so this never misses a process that opened descriptors one after another up to near its
+    limit; one whose free numbers are holes left by closes has that many spare anyway."""
     soft, _hard = limits()
     if soft <= 0:
         return False
@@ -99,4 +99,4 @@ def scarce(reserve: int) -> bool:
     except OSError:
         return True
     os.close(fd)
-    return soft - fd <= reserve
+    return soft - fd <= reserve + soft // fraction
