@@ -1,10 +1,14 @@
-"""A small progress bar on stderr for long index builds (only when stderr is a terminal)."""
+"""A small progress bar on stderr for long index builds, and a count of the archives a union or
+folder opens (only when stderr is a terminal)."""
 
 from __future__ import annotations
 
 import sys
 import time
 from typing import Optional, TextIO
+
+#: Seconds of opening the archives of a union or folder before their count is shown.
+OPENING_DELAY = 0.5
 
 
 def _human(n: float) -> str:
@@ -16,14 +20,29 @@ def _human(n: float) -> str:
 
 
 class Progress:
-    def __init__(self, label: str, total: Optional[int], enabled: bool = True, stream: TextIO = sys.stderr) -> None:
+    def __init__(
+        self,
+        label: str,
+        total: Optional[int],
+        enabled: bool = True,
+        stream: TextIO = sys.stderr,
+        unit: Optional[str] = None,
+        delay: float = 0.0,
+    ) -> None:
+        """``unit``: what ``position`` counts (``"archives"``); None: bytes. ``delay``: seconds
+        before the first drawing (a step that ends sooner shows nothing)."""
         self.label = label
         self.total = total
         self.stream = stream
         self.enabled = enabled and hasattr(stream, "isatty") and stream.isatty()
         self.start = time.monotonic()
-        self._last = 0.0
+        self._last = self.start + delay - 0.2 if delay else 0.0
         self.items = 0
+        self.unit = unit
+        self._drawn = False
+
+    def _amount(self, n: float) -> str:
+        return _human(n) if self.unit is None else f"{int(n):,}"
 
     def update(self, position: int, items: int = 0) -> None:
         self.items = items or self.items
@@ -43,16 +62,21 @@ class Progress:
             width = 30
             bar = "#" * int(fraction * width) + "-" * (width - int(fraction * width))
             eta = (elapsed / fraction - elapsed) if fraction > 0 else 0
+            unit = f" {self.unit}" if self.unit else ""
             text = (
-                f"\r{self.label}: [{bar}] {fraction * 100:5.1f}% {_human(position)}/{_human(self.total)} "
-                f"{members}{elapsed:.0f}s elapsed, ~{eta:.0f}s left "
+                f"\r{self.label}: [{bar}] {fraction * 100:5.1f}% {self._amount(position)}/{self._amount(self.total)}"
+                f"{unit} {members}{elapsed:.0f}s elapsed, ~{eta:.0f}s left "
             )
         else:
-            text = f"\r{self.label}: {_human(position)} {members}{elapsed:.0f}s elapsed "
-        self.stream.write(text)
+            unit = f" {self.unit}" if self.unit else ""
+            if position == 1 and self.unit:
+                unit = unit.removesuffix("s")  # ("1 archive")
+            text = f"\r{self.label}: {self._amount(position)}{unit} {members}{elapsed:.0f}s elapsed "
+        self.stream.write(text + "\033[K")  # (what a longer line drawn before left)
         self.stream.flush()
+        self._drawn = True
 
     def close(self) -> None:
-        if self.enabled and self._last:
+        if self._drawn:
             self.stream.write("\r\033[K")
             self.stream.flush()

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import io
+import time
+from pathlib import Path
 
+import pytest
+from conftest import tar_bytes
+
+import ratarmountcore
+from ratarmountcore.options import IndexOptions, OpenOptions
 from ratarmountcore.progress import Progress
+from ratarmountcore.sources import directory, factory
 
 
 class Terminal(io.StringIO):
@@ -30,3 +39,40 @@ def test_nothing_is_drawn_where_stderr_is_not_a_terminal() -> None:
     bar.update(500, items=3)
     bar.close()
     assert stream.getvalue() == ""
+
+
+def test_a_count_of_archives_is_drawn_only_after_its_delay() -> None:
+    terminal = Terminal()
+    bar = Progress("Opening archives", 400, stream=terminal, unit="archives", delay=60)
+    bar.update(10)
+    bar.close()
+    assert terminal.getvalue() == ""  # (done before the delay: nothing shown, nothing cleared)
+    bar = Progress("Opening archives", 400, stream=terminal, unit="archives", delay=0.01)
+    time.sleep(0.02)
+    bar.update(174)
+    assert "43.5% 174/400 archives" in terminal.getvalue()
+    bar.close()
+    assert terminal.getvalue().endswith("\r\033[K")
+
+
+@pytest.mark.parametrize("folder", [False, True])
+def test_a_union_or_folder_counts_the_archives_it_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: bool
+) -> None:
+    """Hundreds of small archives open in a few seconds without an index build long enough to
+    draw a bar of its own: the count says that the mount is under way."""
+    paths = []
+    for i in range(5):
+        path = tmp_path / f"c{i}.tar"
+        path.write_bytes(tar_bytes({f"c{i}/f.txt": b"x"}))
+        paths.append(str(path))
+    terminal = Terminal()
+    module = directory if folder else factory
+    monkeypatch.setattr(module, "Progress", functools.partial(Progress, stream=terminal))
+    monkeypatch.setattr(module, "OPENING_DELAY", 0)
+    options = OpenOptions(recursive=folder, index=IndexOptions(progress=True))
+    with ratarmountcore.open(str(tmp_path) if folder else paths, options) as source:
+        assert source.lookup("/c4.tar/c4/f.txt" if folder else "/c4/f.txt") is not None
+    drawn = terminal.getvalue()
+    assert ("Opening archives in " + str(tmp_path) if folder else "Opening archives: [") in drawn, drawn
+    assert ("1 archive " if folder else "1/5 archives") in drawn and drawn.endswith("\r\033[K")

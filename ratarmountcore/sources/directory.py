@@ -49,6 +49,7 @@ from ..io.descriptors import raise_if_exhausted
 from ..io.host_paths import absolute
 from ..io.readers import MemberFile, PlainFileReader
 from ..options import OpenOptions
+from ..progress import OPENING_DELAY, Progress
 from .base import FileInfo, MountSource, NameRow, StatRow
 
 logger = logging.getLogger(__name__)
@@ -420,23 +421,30 @@ class DirectorySource(MountSource):
             return 0
         count = 0
         stack = [""]
-        while stack:
-            folder = stack.pop()
-            fd = self._open_folder(folder)
-            if fd is None:
-                continue
-            try:
-                with os.scandir(fd) as found:
-                    for item in found:
-                        relative = f"{folder}/{item.name}" if folder else item.name
-                        st = item.stat(follow_symlinks=False)
-                        if stat.S_ISDIR(st.st_mode):
-                            stack.append(relative)
-                        elif stat.S_ISREG(st.st_mode) and self._archive(fd, item.name, relative, st) is not None:
-                            count += 1
-            finally:
-                if fd != self._fd:
-                    os.close(fd)
+        bar = Progress(
+            f"Opening archives in {self.path}", None, self._options.index.progress, unit="archives", delay=OPENING_DELAY
+        )
+        try:
+            while stack:
+                folder = stack.pop()
+                fd = self._open_folder(folder)
+                if fd is None:
+                    continue
+                try:
+                    with os.scandir(fd) as found:
+                        for item in found:
+                            relative = f"{folder}/{item.name}" if folder else item.name
+                            st = item.stat(follow_symlinks=False)
+                            if stat.S_ISDIR(st.st_mode):
+                                stack.append(relative)
+                            elif stat.S_ISREG(st.st_mode) and self._archive(fd, item.name, relative, st) is not None:
+                                count += 1
+                                bar.update(count)
+                finally:
+                    if fd != self._fd:
+                        os.close(fd)
+        finally:
+            bar.close()
         return count
 
     # --- entries ------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from ..errors import NoSourceError
 from ..index.locations import check_named_folders
 from ..io.host_paths import absolute
 from ..options import OpenOptions
+from ..progress import OPENING_DELAY, Progress
 from .archive import open_archive
 from .base import MountSource
 
@@ -50,13 +51,17 @@ def _open(source: Union[str, Sequence[str]], options: OpenOptions) -> MountSourc
     from .union import UnionSource
 
     opened = []
+    bar = Progress("Opening archives", len(paths), options.index.progress, unit="archives", delay=OPENING_DELAY)
     try:
         for path in paths:
             opened.append(_open_one(path, options))
+            bar.update(len(opened))
     except BaseException:
         for src in opened:
             src.close()
         raise
+    finally:
+        bar.close()
     return UnionSource(opened, union_cache.folder_for(options.index))
 
 
