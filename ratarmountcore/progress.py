@@ -54,6 +54,7 @@ class Progress:
         self._last = now
         elapsed = now - self.start
         members = f"{self.items:,} members, " if self.items else ""  # none counted: a conversion
+        unit = f" {self.unit}" if self.unit else ""
         if self.total:
             # (A compressed pass may count some bytes twice -- the file's index read at the end,
             # frames decoded ahead -- and pass the file's size: never shown as more than it.)
@@ -62,14 +63,12 @@ class Progress:
             width = 30
             bar = "#" * int(fraction * width) + "-" * (width - int(fraction * width))
             eta = (elapsed / fraction - elapsed) if fraction > 0 else 0
-            unit = f" {self.unit}" if self.unit else ""
             text = (
                 f"\r{self.label}: [{bar}] {fraction * 100:5.1f}% {self._amount(position)}/{self._amount(self.total)}"
                 f"{unit} {members}{elapsed:.0f}s elapsed, ~{eta:.0f}s left "
             )
         else:
-            unit = f" {self.unit}" if self.unit else ""
-            if position == 1 and self.unit:
+            if position == 1:
                 unit = unit.removesuffix("s")  # ("1 archive")
             text = f"\r{self.label}: {self._amount(position)}{unit} {members}{elapsed:.0f}s elapsed "
         self.stream.write(text + "\033[K")  # (what a longer line drawn before left)

@@ -63,12 +63,13 @@ def read_only_uri(path: str) -> str:
 #: Connections open across all pools of the process beyond which idle ones are closed (a
 #: backstop for unions of thousands of archives; each then holds ~30 KiB).
 MAX_IDLE = 4096
-#: Descriptors kept free as archives and connections are opened (``RESERVE`` and a sixteenth
-#: of the limit): fewer left, and half the connections open are closed where idle, the least
-#: recently used pools' first. Each archive of a union or folder holds a descriptor of its own;
-#: with an idle connection kept for each as well, a union of 150 tars under a limit of 256
-#: failed at the 124th.
+#: Descriptors kept free as archives and connections are opened (``RESERVE`` and a
+#: ``RESERVE_SHARE``-th of the limit): fewer left, and half the connections open are closed
+#: where idle, the least recently used pools' first. Each archive of a union or folder holds a
+#: descriptor of its own; with an idle connection kept for each as well, a union of 150 tars
+#: under a limit of 256 failed at the 124th.
 RESERVE = 64
+RESERVE_SHARE = 16
 #: SQLite page cache of all connections together, split among the live pools, at most
 #: ``PAGE_CACHE_MAX`` each; a share below ``PAGE_CACHE_FLOOR`` (SQLite keeps at least 10 pages
 #: once it caches any: 160 KiB of 16 KiB pages) is none at all: such a connection reads its
@@ -132,7 +133,7 @@ _LIVE: "weakref.WeakSet[ConnectionPool]" = weakref.WeakSet()
 
 
 def _few_descriptors_left() -> bool:
-    return scarce(RESERVE, 16)
+    return scarce(RESERVE, RESERVE_SHARE)
 
 
 def make_room() -> None:
