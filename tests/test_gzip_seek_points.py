@@ -8,7 +8,7 @@ import random
 import tarfile
 import zlib
 from pathlib import Path
-from typing import List
+from typing import List, Sequence
 
 import pytest
 
@@ -165,7 +165,7 @@ def test_the_first_members_decide_the_seek_points_of_the_first_scan(
     sizes: List[int], large: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Small members: seek points every 384 KiB, scanned with two threads per core. Large members
-    (reads of them skip the span cache): every 1 MiB, one thread per core (pure decoding). A
+    (reads of them skip the span cache): every 2 MiB, one thread per core (pure decoding). A
     stream smaller than the sample is not sampled (the sample would decode most of it)."""
     import os
 
@@ -194,6 +194,61 @@ def test_the_first_members_decide_the_seek_points_of_the_first_scan(
     assert made[0] == (256 * 1024, 3)
 
 
+def _tar_of_tars(count: int, members: int, size: int, seed: int, tail: Sequence[int] = ()) -> bytes:
+    """An uncompressed tar of ``count`` class tars (``c{i}.tar``) of ``members`` random files of
+    ``size`` bytes each (ImageNet's train tar in small), then files of the sizes in ``tail``."""
+    rng = random.Random(seed)
+    outer = io.BytesIO()
+    with tarfile.open(fileobj=outer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for c in range(count):
+            inner = io.BytesIO()
+            with tarfile.open(fileobj=inner, mode="w", format=tarfile.GNU_FORMAT) as class_tar:
+                for i in range(members):
+                    info = tarfile.TarInfo(f"n{c}/{'long-' * 30}{i}.JPEG")  # a long name: extra headers
+                    info.size = size
+                    class_tar.addfile(info, io.BytesIO(rng.randbytes(size)))
+            info = tarfile.TarInfo(f"train/c{c}.tar")
+            info.size = len(inner.getvalue())
+            tar.addfile(info, io.BytesIO(inner.getvalue()))
+        for i, length in enumerate(tail):
+            info = tarfile.TarInfo(f"extra/{i}")
+            info.size = length
+            tar.addfile(info, io.BytesIO(rng.randbytes(length)))
+    return outer.getvalue()
+
+
+@pytest.mark.parametrize("recursive", [False, True])
+def test_a_recursive_mount_samples_the_members_of_inner_tars(
+    recursive: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ImageNet's train tar: class tars of 140 MB holding JPEGs of 110 KB. Mounted with -r, the
+    JPEGs are what is read, so they decide the seek points, not the class tars they are in (the
+    large members' 2 MiB spacing made 1,000 random reads from a 340 MB .tar.gz of 1,000 class
+    tars decode 853 MB instead of 229 MB, and take 2.3 s instead of 0.8 s)."""
+    import os
+
+    archive = tmp_path / "train.tar.gz"
+    compressor = zlib.compressobj(1, zlib.DEFLATED, 31)
+    archive.write_bytes(compressor.compress(_tar_of_tars(6, 200, 2000, 5)) + compressor.flush())
+    made: List[int] = []
+    original = RapidgzipReader._open_decoder
+
+    def recording(self: RapidgzipReader, raw, threads: int):  # type: ignore[no-untyped-def]
+        made.append(self._chunk_size)
+        return original(self, raw, threads)
+
+    monkeypatch.setattr(RapidgzipReader, "_open_decoder", recording)
+    opts = OpenOptions(
+        recursive=recursive,
+        index=IndexOptions(progress=False),
+        compression=CompressionOptions(gzip_backend="rapidgzip"),
+    )
+    with ratarmountcore.open(str(archive), opts) as src:
+        assert len(src.read("/train/c5.tar/n5/" + "long-" * 30 + "199.JPEG" if recursive else "/train/c5.tar")) > 0
+    assert os.path.getsize(archive) > 1 << 20  # (sampled)
+    assert made[0] == (RapidgzipReader.default_spacing if recursive else RapidgzipReader.large_member_spacing)
+
+
 def test_member_size_sample() -> None:
     from ratarmountcore.tar.sample import typical_member_size
 
@@ -209,3 +264,20 @@ def test_member_size_sample() -> None:
     assert typical_member_size(b"") is None
     assert typical_member_size(b"not a tar header" * 100) is None
     assert typical_member_size(bytes(10240)) is None
+
+
+def test_member_size_sample_looks_into_inner_tars() -> None:
+    from ratarmountcore.tar.sample import typical_member_size
+
+    data = _tar_of_tars(3, 5, 3000, 1, tail=[100] * 20)
+    outer = [m.size for m in tarfile.open(fileobj=io.BytesIO(data)).getmembers()]
+    assert sorted(outer) == [100] * 20 + [outer[0]] * 3 and outer[0] > 5 * 3000
+    assert typical_member_size(data) == 100  # 20 files of 100 bytes, 3 class tars
+    # Looking into the class tars: 15 files of 3,000 bytes, then on with the outer tar.
+    assert typical_member_size(data, descend=True) == 100
+    assert typical_member_size(data, most=16, descend=True) == 3000  # (15 x 3,000, 1 x 100)
+    assert typical_member_size(data[:6000], descend=True) == 3000  # a sample ending in a class tar
+    # A member that only looks like a tar at first (its first block fails the checksum) is
+    # counted as it is.
+    broken = data[: 512 + 148] + b"9" + data[512 + 149 :]  # (the first class tar's first header)
+    assert typical_member_size(broken, most=2, descend=True) == (outer[0] + 3000) // 2

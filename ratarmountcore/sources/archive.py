@@ -504,7 +504,7 @@ def _open_archive(path: str, options: OpenOptions, failed: Mapping[str, str]) ->
                     options.compression, plain.fd, strip_tar_extension=strip,
                 )  # fmt: skip
                 return
-            tell_member_size(compressed)
+            tell_member_size(compressed, options.recursive)
             with compressed.explained_failures():
                 with compressed.first_pass() as scan:
                     index_tar(
