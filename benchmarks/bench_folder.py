@@ -17,6 +17,10 @@ streams that share one decoded-data cache.
 With ``--union`` the same tars are mounted together instead (``ratarmount A.tar B.tar ...
 MOUNTPOINT``, no ``-r``): 100,000 files in one folder, the shape of a WebDataset's shards
 mounted at one place (no lazy mount then).
+
+With ``--outer tar`` (or ``--outer gz``) the class archives are packed into one tar (or
+.tar.gz) first, mounted with ``-r``: ImageNet's ``ILSVRC2012_img_train.tar`` as it is
+downloaded, 1,000 class tars in one tar (no lazy mount then either).
 """
 
 from __future__ import annotations
@@ -75,6 +79,22 @@ class FolderDataset:
                 f.write(gzip.compress(buffer.getvalue(), 6, mtime=0) if self.gzipped else buffer.getvalue())
         open(marker, "w").close()
 
+    def outer(self, kind: str) -> str:
+        """The class archives packed into one tar (``kind`` "tar") or .tar.gz ("gz"), made if
+        missing; its members are named as the class archives, so paths in the mount are alike."""
+        path = self.folder + (".outer.tar" if kind == "tar" else ".outer.tar.gz")
+        if os.path.exists(path):
+            return path
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+            for wnid in self.wnids:
+                tar.add(os.path.join(self.folder, wnid + self.suffix), arcname=wnid + self.suffix)
+        data = buffer.getvalue()
+        with open(path + ".tmp", "wb") as f:
+            f.write(data if kind == "tar" else gzip.compress(data, 6, mtime=0))
+        os.rename(path + ".tmp", path)
+        return path
+
 
 class FolderTool(bt.Tool):
     """A tool given the folder (its own hard-linked copy: indexes beside the tars never collide)."""
@@ -87,15 +107,20 @@ class FolderTool(bt.Tool):
         self.args = args
         self.folder = os.path.join(bt.WORK, "run", os.path.basename(ds.folder), name)
         self.mountpoint = os.path.join(self.folder, "mnt")
-        self.archive = os.path.join(self.folder, "train")
+        self.outer = ds.outer(args.outer) if args.outer else ""
+        self.archive = os.path.join(self.folder, "train" + self.outer[len(ds.folder) + len(".outer") :])
         self._executable = executable
         self.lazy = False
 
     def prepare(self) -> None:
-        os.makedirs(self.archive, exist_ok=True)
+        os.makedirs(self.folder if self.outer else self.archive, exist_ok=True)
         if bt.is_mounted(self.mountpoint):
             bt.unmount(self.mountpoint, bt.fuse_daemon_pid(self.mountpoint))
         os.makedirs(self.mountpoint, exist_ok=True)
+        if self.outer:
+            if not os.path.exists(self.archive):
+                os.link(self.outer, self.archive)
+            return
         for wnid in self.ds_folder.wnids:
             name = wnid + self.ds_folder.suffix
             target = os.path.join(self.archive, name)
@@ -104,7 +129,7 @@ class FolderTool(bt.Tool):
 
     def index_files(self) -> List[str]:
         return [
-            os.path.join(self.archive, "*.index.sqlite"),
+            os.path.join(self.archive if not self.outer else self.folder, "*.index.sqlite"),
             os.path.expanduser("~/.cache/ratarmount/n*.tar.*.index.sqlite"),
             os.path.expanduser("~/.ratarmount/*train*"),
         ]
@@ -147,7 +172,7 @@ def bench(tool: FolderTool, ds: FolderDataset, args: argparse.Namespace) -> Dict
 
     try:
         tool.remove_index()
-        for path in glob.glob(os.path.join(tool.archive, "*" + ds.suffix)):
+        for path in [tool.archive] if tool.outer else glob.glob(os.path.join(tool.archive, "*" + ds.suffix)):
             bt.warm_file(path)
         mounted = session(measure_rss=True)
         row["first_mount_s"] = mounted.seconds
@@ -162,7 +187,7 @@ def bench(tool: FolderTool, ds: FolderDataset, args: argparse.Namespace) -> Dict
             times.append(mounted.seconds)
             bt.unmount(tool.mountpoint, mounted.pid)
         row["second_mount_s"] = statistics.median(times)
-        if not args.union:
+        if not args.union and not args.outer:
             tool.lazy = True
             mounted = session()
             row["lazy_mount_s"] = mounted.seconds
@@ -196,6 +221,9 @@ def main() -> int:
     parser.add_argument("--tools", default="ours,peer")
     parser.add_argument("--union", action="store_true", help="mount the tars together (no -r) instead of the folder")
     parser.add_argument("--gzip", action="store_true", help="class archives as .tar.gz instead of .tar")
+    parser.add_argument(
+        "--outer", choices=["tar", "gz"], help="the class archives packed into one tar or .tar.gz, mounted with -r"
+    )
     parser.add_argument("--seed", type=int, default=20240601)
     parser.add_argument("--mount-timeout", type=float, default=600)
     parser.add_argument("--phase-timeout", type=float, default=300)
@@ -222,10 +250,15 @@ def main() -> int:
             continue
         bt.log(f"{name}: {ds.classes} class tars of {ds.per_class} files")
         rows.append(bench(FolderTool(ds, args, executables[name], name), ds, args))
+    mode = "folder with -r"
+    if args.union:
+        mode = "union of the tars"
+    elif args.outer:
+        mode = f"the tars in one {'tar' if args.outer == 'tar' else '.tar.gz'}, with -r"
     result: Dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
         "dataset": {"classes": ds.classes, "files_per_class": ds.per_class, "files": ds.files, "gzip": ds.gzipped},
-        "mode": "union of the tars" if args.union else "folder with -r",
+        "mode": mode,
         "rows": rows,
     }
     by_tool = {row["tool"]: row for row in rows}
