@@ -14,7 +14,7 @@ import io
 import os
 import stat
 import threading
-from typing import Callable, Optional, Protocol, Sequence, Tuple
+from typing import Callable, List, Optional, Protocol, Sequence, Tuple
 
 from . import forks, holes
 
@@ -159,6 +159,9 @@ class ReaderStream(io.RawIOBase):
         self._read_ahead = read_ahead
         self._window = b""
         self._window_start = 0
+        #: The window before this one (see ``pread``).
+        self._previous = b""
+        self._previous_start = 0
 
     def read(self, size: int = -1) -> bytes:
         if size is None or size < 0:
@@ -181,11 +184,39 @@ class ReaderStream(io.RawIOBase):
         if size >= self._read_ahead:
             data = self._reader.pread(self._pos, size)
         else:
+            self._previous, self._previous_start = self._window, self._window_start
             self._window = self._reader.pread(self._pos, self._read_ahead)
             self._window_start = self._pos
             data = self._window[:size]
         self._pos += len(data)
         return head + data if head else data
+
+    def pread(self, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset``, from the read-ahead windows (this one and the one
+        before) as far as they hold them, the rest from the reader; the position stays.
+
+        For the first bytes of a member and for the scan of an inner tar: they follow the header
+        just read, so they are in a window or go on from its end. A compressed reader's first
+        pass decodes forward, and a ``pread`` behind where it stands decoded the frame again
+        from its start: the first open of a 68 MB .tar.xz of 200 class tars (24 MiB blocks)
+        with ``-r`` took 5.5 s instead of 1.9 s, a 340 MB .tar.gz of 1,000 3.5 s instead of
+        2.1 s."""
+        pieces: List[bytes] = []
+        # (The previous window too: a read that ran past the window's end replaced it, and the
+        # header that read ended in may be followed by data that the previous window holds.)
+        for window, window_start in ((self._previous, self._previous_start), (self._window, self._window_start)):
+            start = offset - window_start
+            if 0 <= start < len(window):
+                piece = window[start : start + size]
+                if len(piece) == size and not pieces:
+                    return piece
+                pieces.append(piece)
+                offset += len(piece)
+                size -= len(piece)
+                if not size or len(window) < self._read_ahead:
+                    return b"".join(pieces)  # (a window shorter than asked for ended at the end)
+        pieces.append(self._reader.pread(offset, size))
+        return b"".join(pieces)
 
     def readable(self) -> bool:
         return True

@@ -147,6 +147,10 @@ def _scan(
     # Decompressed streams must be produced in order anyway: read them in large pieces.
     plain = ctx.fd is not None and source == 0
     stream = ReaderStream(reader, size, read_ahead=16 * 1024 if plain else 1024 * 1024)
+    # What a member's first bytes and an inner tar are read from. A decompressed stream's are
+    # in (or go on from) the window that the header was read from, and reads behind where its
+    # decoder stands may decode a frame again from its start: read through the window.
+    near: RandomAccessReader = reader if plain else stream
     progress = ctx.on_progress if depth == 0 else None
     add = ctx.writer.add
     descend = ctx.recursive and depth < MAX_DEPTH
@@ -166,14 +170,14 @@ def _scan(
             add(record, source)
             ctx.count += 1
             continue
-        head = reader.pread(record.offset_data - base, min(BLOCK, record.size))
+        head = near.pread(record.offset_data - base, min(BLOCK, record.size))
         fmt = sniff_bytes(head)
         if fmt is FormatId.TAR and record.size >= 2 * BLOCK and head != b"\0" * BLOCK:
             folder = _as_folder(record, ctx.strip)
             folder_id = ctx.writer.add_archive_folder(folder, source, file=record)
             ctx.count += 1
             ctx.archives += 1
-            inner = WindowReader(reader, record.offset_data - base, record.size)
+            inner = WindowReader(near, record.offset_data - base, record.size)
             scan = functools.partial(_scan, ctx, inner, record.size, folder.path, record.offset_data, depth + 1, source)
             _descend(ctx, record, scan, folder_id, source)
             ctx.writer.end_archive_folder(folder_id)
