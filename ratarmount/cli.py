@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=32.0,
         metavar="MiB",
         help="decoded data kept, all compressed archives together, for reads near earlier ones (default 32; 0: off); "
-        "several small archives whose data is at most 3 times this are kept whole",
+        "archives whose decoded data is at most 3 times this (all together) are kept whole",
     )
     parser.add_argument(
         "--read-ahead",

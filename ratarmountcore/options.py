@@ -50,7 +50,7 @@ class CompressionOptions:
         spacing.
     cache_size / bytes of decoded data kept for all compressed archives of the process
         together (``--cache-size`` MiB times 2**20; default 32 MiB); 0 turns the cache off.
-        Several archives whose decoded data is at most 3 times this are kept whole.
+        Archives whose decoded data is at most 3 times this (all together) are kept whole.
     """
 
     #: Threads for parallel decompression; 0 means all cores.

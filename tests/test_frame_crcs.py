@@ -199,7 +199,7 @@ def test_reads_in_order_that_end_a_frame_do_not_decode_it_again(
     if kind == "large frames":
         monkeypatch.setattr(framed.FramedReader, "whole_frame_limit", LARGE)
     else:  # frames cached whole, but the file counts as too large for the cache
-        monkeypatch.setattr(framed, "PARTIAL_READS_MIN", 0)
+        monkeypatch.setattr(framed, "KEPT_WHOLE_FACTOR", 0)
     # (a tar: its first pass decodes every frame and records the block checksums partial reads need)
     plain = tar_bytes({"data.bin": random.Random(12).randbytes(590_000).hex().encode()})
     frame = 400_000  # > LARGE; three frames
@@ -294,7 +294,7 @@ def test_reads_that_miss_the_cache_of_a_large_file_decode_only_up_to_their_end(
     """In a file the frame cache holds little of, a random read decodes its frame from the start
     to the end of the blocks it needs (checked against the block checksums the first pass
     recorded for every frame it decoded, checksummed frames included), not the whole frame."""
-    monkeypatch.setattr(framed, "PARTIAL_READS_MIN", 0)
+    monkeypatch.setattr(framed, "KEPT_WHOLE_FACTOR", 0)
     rng = random.Random(41)
     members = make_members(rng, 400)
     archive = tmp_path / "p.tar.zst"
@@ -349,7 +349,7 @@ def test_first_pass_streams_a_large_first_frame_instead_of_waiting_for_it(
 def test_partial_frame_reads_from_8_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
     """Partial-frame reads share a small cursor pool: 8 threads reading members in random order
     (frames entered anywhere, cursors taken over between frames) all get the right bytes."""
-    monkeypatch.setattr(framed, "PARTIAL_READS_MIN", 0)
+    monkeypatch.setattr(framed, "KEPT_WHOLE_FACTOR", 0)
     members = make_members(random.Random(47), 600)
     tar = tar_bytes(members)
     archive = tmp_path / ("c.tar.zst" if kind.startswith("zst") else "c.tar.xz")
@@ -399,9 +399,9 @@ def test_any_read_sequence_returns_the_plain_bytes(tmp_path_factory: pytest.Temp
     folder = tmp_path_factory.mktemp(mode)
     archive = folder / "p.bin.zst"
     archive.write_bytes(zstd_frames(_PLAIN, 96 * 1024 if mode == "partial" else 1 << 30, True))
-    saved = (framed.FramedReader.whole_frame_limit, framed.PARTIAL_READS_MIN)
+    saved = (framed.FramedReader.whole_frame_limit, framed.KEPT_WHOLE_FACTOR)
     framed.FramedReader.whole_frame_limit = saved[0] if mode == "partial" else LARGE
-    framed.PARTIAL_READS_MIN = 0
+    framed.KEPT_WHOLE_FACTOR = 0
     try:
         ratarmountcore.open(str(archive), options()).close()  # the index
         reads = st.lists(st.tuples(st.integers(0, len(_PLAIN) + 100), st.integers(0, 70_000)), min_size=1, max_size=12)
@@ -421,7 +421,7 @@ def test_any_read_sequence_returns_the_plain_bytes(tmp_path_factory: pytest.Temp
 
         check()
     finally:
-        framed.FramedReader.whole_frame_limit, framed.PARTIAL_READS_MIN = saved
+        framed.FramedReader.whole_frame_limit, framed.KEPT_WHOLE_FACTOR = saved
 
 
 def test_random_reads_in_one_large_frame_keep_the_cursors_spread(
@@ -545,9 +545,9 @@ def test_runs_in_order_through_parked_streams_return_the_plain_bytes(
         archive = folder / "p.bin.zst"
         # Frames without a checksum of their own get block checksums, which partial reads need.
         archive.write_bytes(zstd_frames(_PARK_PLAIN, 96 * 1024, kind != "zst-partial-frames"))
-    saved = (framed.FramedReader.whole_frame_limit, framed.PARTIAL_READS_MIN, framed.SCAN_STREAM_MIN)
+    saved = (framed.FramedReader.whole_frame_limit, framed.KEPT_WHOLE_FACTOR, framed.SCAN_STREAM_MIN)
     framed.FramedReader.whole_frame_limit = saved[0] if kind == "zst-partial-frames" else 64 * 1024
-    framed.PARTIAL_READS_MIN = 0
+    framed.KEPT_WHOLE_FACTOR = 0
     framed.SCAN_STREAM_MIN = 0  # every frame read through a cursor is parked ahead
     parked: List[int] = []
     original_park = framed.FramedReader._park
@@ -585,7 +585,7 @@ def test_runs_in_order_through_parked_streams_return_the_plain_bytes(
         check()
     finally:
         framed.FramedReader._park = original_park  # type: ignore[method-assign]
-        framed.FramedReader.whole_frame_limit, framed.PARTIAL_READS_MIN, framed.SCAN_STREAM_MIN = saved
+        framed.FramedReader.whole_frame_limit, framed.KEPT_WHOLE_FACTOR, framed.SCAN_STREAM_MIN = saved
     if reader_has_ahead():
         assert parked, "no frame was parked: the test does not reach the path it is about"
 

@@ -7,10 +7,11 @@ jump straight to the frame that holds a requested offset.
 Thread safety and memory:
 
 * Frames up to ``whole_frame_limit`` bytes (decompressed) are decoded whole, which verifies their
-  checksum *before* any byte is returned, and kept in one process-wide LRU cache of at most
-  ``FRAME_CACHE_BYTES`` bytes, grown to hold two of a reader's largest frame once it decodes a
-  frame a second time (shared by all readers, one lock): reads in name order go back and forth
-  across frame boundaries.
+  checksum *before* any byte is returned, and kept in one process-wide LRU cache (shared by all
+  readers, one lock) of the largest ``cache_size`` a reader's options give (``--cache-size``,
+  32 MiB by default). Once a reader decodes a frame a second time, the cache grows to hold two
+  of its largest frames (reads in name order go back and forth across frame boundaries), or
+  the whole file when that is at most ``KEPT_WHOLE_FACTOR`` times the cache.
   Decoding happens outside the lock (at most ``threads`` decodes per reader at a time, and one
   per frame: other threads wanting the same frame wait for it).
 * Sequential reads (a read that moves on into the frame after the previous read's) have the following
@@ -47,6 +48,7 @@ from .base import CompressedReader, PlainFile, SeekPointSource, SeekPointWriter,
 from .block_crcs import BLOCK, CrcCollector
 from .frame_crcs import FrameCrcs, crcs_of
 from .pool import InstancePool, Slot
+from .spans import GROWTH
 
 logger = logging.getLogger(__name__)
 
@@ -133,11 +135,15 @@ SEQUENTIAL_GAP = 1024 * 1024
 #: A cursor decoding ahead for a sequential reader is kept for its next read even when an idle
 #: cursor sits up to this much closer behind it (see ``InstancePool``'s ``momentum``).
 MOMENTUM_NEAR = 64 * 1024
-#: Files of at least this many decompressed bytes have reads that miss the frame cache decode
-#: only the blocks up to the end of the read (half a frame on average) instead of the whole
-#: frame: the cache holds a small part of them, so whole frames would mostly be decoded for one
-#: member and evicted. The first pass records block checksums of every frame it decodes.
-PARTIAL_READS_MIN = 2 * FRAME_CACHE_BYTES
+#: Files of at most this many times the cache (decompressed, of frames cached whole) are kept
+#: whole once read at random (see ``FramedReader._kept_whole``); as the span cache keeps several
+#: small streams (``spans.GROWTH``). A 68 MB .tar.xz of three 24 MiB blocks took 0.33 s for
+#: each random read, every one decoding its block from the start.
+KEPT_WHOLE_FACTOR = GROWTH
+#: Larger files have reads that miss the frame cache decode only the blocks up to the end of
+#: the read (half a frame on average) instead of the whole frame: the cache holds a small part
+#: of them, so whole frames would mostly be decoded for one member and evicted. The first pass
+#: records block checksums of every frame it decodes.
 #: What the cursors of such reads may hold, counted as a frame each (at least one per thread).
 PARTIAL_CURSOR_BYTES = FRAME_CACHE_BYTES
 #: Frames of at least this many bytes that the first pass reaches before they were decoded
@@ -150,6 +156,8 @@ class FrameCache:
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
+        #: The largest cache size a reader's options gave (None: none yet, ``budget`` holds).
+        self.given: Optional[int] = None
         self._lock = threading.Lock()
         self._frames: "collections.OrderedDict[Tuple[int, int], FrameData]" = collections.OrderedDict()
         self._bytes = 0
@@ -171,6 +179,15 @@ class FrameCache:
             while self._bytes > self.budget and len(self._frames) > 1:
                 _, evicted = self._frames.popitem(last=False)
                 self._bytes -= len(evicted)
+
+    def give(self, size: int) -> None:
+        """A reader's ``cache_size``: the budget is the largest given (as the span cache's bound
+        is), or what ``reserve`` grew it to."""
+        with self._lock:
+            if self.given is None:
+                self.budget = size  # (the default's place, taken by the first reader)
+            self.given = max(self.given or 0, size)
+            self.budget = max(self.budget, self.given)
 
     def reserve(self, budget: int) -> None:
         """Grow the budget to at least ``budget`` bytes (never shrinks)."""
@@ -250,6 +267,7 @@ class FramedReader(CompressedReader):
 
     def __init__(self, path: str, plain: PlainFile, options: CompressionOptions) -> None:
         super().__init__(path, plain, options)
+        FRAME_CACHE.give(options.cache_size)
         self._table_lock = threading.Lock()
         self._frames: Optional[FrameTable] = None
         self._warned = False
@@ -483,7 +501,16 @@ class FramedReader(CompressedReader):
         cache cannot hold much of the file (random reads would mostly miss it, and a miss
         would decode the whole frame for one member). Asked only for frames not in the cache."""
         crcs = self._crc_table
-        return crcs is not None and table.size >= PARTIAL_READS_MIN and crcs.covers(frame) and frame not in self._ahead
+        return (
+            crcs is not None and not self._kept_whole(table) and crcs.covers(frame) and frame not in self._ahead
+        )  # fmt: skip
+
+    def _kept_whole(self, table: FrameTable) -> bool:
+        """Whether the cache grows to hold all of this file once frames are decoded again: its
+        frames are cached whole, and all of them at most ``KEPT_WHOLE_FACTOR`` times the cache
+        size given (0: the cache is off)."""
+        given = FRAME_CACHE.given
+        return bool(self._largest_cached) and given is not None and table.size <= KEPT_WHOLE_FACTOR * given
 
     def _partial_pool(self, table: FrameTable) -> InstancePool[_Cursor]:
         """As many cursors as frames of this file fit in ``PARTIAL_CURSOR_BYTES`` (each holds a
@@ -603,13 +630,15 @@ class FramedReader(CompressedReader):
                     break
             event.wait()  # another thread decodes it; on its failure we try ourselves
         try:
-            if frame in self._verified and self._largest_cached:
+            if frame in self._verified and self._largest_cached and FRAME_CACHE.given != 0:
                 # Decoded before and evicted since: reads go back and forth (in name order, a
                 # folder whose members straddle two frames). With room for one large frame
                 # only, every crossing would decode a frame again (24 MiB xz blocks: 0.4 s
-                # each), so the cache grows to hold two. A sequential scan (the first mount)
-                # never gets here and keeps the smaller budget.
-                FRAME_CACHE.reserve(FRAMES_CACHED_AT_LEAST * self._largest_cached)
+                # each), so the cache grows to hold two; or all of a file that is at most
+                # KEPT_WHOLE_FACTOR times the cache. A sequential scan (the first mount) never
+                # gets here and keeps the smaller budget. (Not when the cache is off.)
+                whole = table.size if self._kept_whole(table) else 0
+                FRAME_CACHE.reserve(max(FRAMES_CACHED_AT_LEAST * self._largest_cached, whole))
             data = self._decode_checked(frame, table)
             FRAME_CACHE.put(key, data)
             return data
@@ -629,7 +658,7 @@ class FramedReader(CompressedReader):
                 f"{len(data)} bytes instead of {table.decomp_sizes[frame]}"
             )
         crcs = self._crc_table
-        if crcs is None:  # the first pass: every frame it decodes (see PARTIAL_READS_MIN)
+        if crcs is None:  # the first pass: every frame it decodes (see ``_partial``)
             if frame not in self._collected:
                 with memoryview(data) as view:  # (frames may be anonymous mappings)
                     self._collected[frame] = crcs_of(view)

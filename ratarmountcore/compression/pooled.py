@@ -32,7 +32,7 @@ from .base import (
     unpack_seek_points,
 )
 from .pool import InstancePool, Slot
-from .spans import SpanCache, optional_cache, shares_beyond_budget
+from .spans import SpanCache, kept_whole, optional_cache, shares_beyond_budget
 
 logger = logging.getLogger(__name__)
 
@@ -306,13 +306,15 @@ class PooledReader(CompressedReader):
         the process keeps (``spans.py``: one bound for all caches). The inner .tar.gz of a
         recursive mount are each smaller than the cache but compete for it: 100 inner archives
         of 0.66 MB, 1,000 random reads, 1.51-1.61 s decoding whole spans, 1.15-1.31 s decoding
-        parts; 60 of them, 1.2 times the cache, about the same either way."""
+        parts; 60 of them, 1.2 times the cache, about the same either way. Never when the
+        process keeps all of the stream (``spans.kept_whole``): then each span is decoded once."""
         if self._warm is None:
             self._start_warm()
         spans = self._spans
         if (
             need < end
             and spans is not None
+            and not kept_whole(spans)
             and (spans.size >= PARTS_MIN_FACTOR * spans.capacity or shares_beyond_budget(spans))
         ):
             return self._decode_from_seek_point(start, end, need)

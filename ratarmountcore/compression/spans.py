@@ -38,12 +38,14 @@ from ..io import forks
 Decode = Callable[[int, int, int], bytes]
 
 
-#: Several streams whose data together is more than the process's bound, but at most this many
-#: times it, are kept whole (``_ProcessBudget.bound``). A folder of 100 class .tar.gz of 0.68 MB
-#: (68 MB, the bound 32 MiB) read at random decoded each part of a span 2.6 times on average,
-#: the bound's LRU evicting what was read again soon after: 1,000 random reads through the
-#: mount 0.95-1.2 s, the peer 0.51-0.56 s (holding all of it, peak RSS 125 MiB). Larger sets
-#: (ImageNet's 1,000 class .tar.gz, 140 GB) keep the bound: there, more memory would buy no hits.
+#: Streams whose data together is more than the process's bound, but at most this many times
+#: it, are kept whole (``_ProcessBudget.bound``). A folder of 100 class .tar.gz of 0.68 MB (68
+#: MB, the bound 32 MiB) read at random decoded each part of a span 2.6 times on average, the
+#: bound's LRU evicting what was read again soon after: 1,000 random reads through the mount
+#: 0.95-1.2 s, the peer 0.51-0.56 s (holding all of it, peak RSS 125 MiB). One stream as well
+#: (session 43): a 68 MB .tar.bz2, 1,000 random reads, each miss decoding a 900 kB block, 19 s.
+#: Larger sets (ImageNet's 1,000 class .tar.gz, 140 GB) keep the bound: there, more memory
+#: would buy no hits.
 GROWTH = 3
 
 
@@ -76,11 +78,11 @@ class _ProcessBudget:
             self.count -= 1
 
     def bound(self) -> int:
-        """What the process keeps: the largest capacity given (``budget``); all the data of
-        several streams (a folder or union of small archives) where that is at most
-        ``GROWTH`` times it."""
+        """What the process keeps: the largest capacity given (``budget``); all the data of its
+        streams (one archive, a folder or union of small ones) where that is at most ``GROWTH``
+        times it."""
         streams = self.streams
-        if self.count > 1 and self.budget < streams <= GROWTH * self.budget:
+        if self.budget < streams <= GROWTH * self.budget:
             return streams
         return self.budget
 
@@ -128,6 +130,13 @@ def _new_budget_in_child() -> None:
 forks.in_child(_new_budget_in_child)
 
 
+def kept_whole(cache: "SpanCache") -> bool:
+    """Whether all of ``cache``'s stream, with the other streams of the process, fits what the
+    process keeps (``_ProcessBudget.bound``)."""
+    process = _PROCESS
+    return cache.size <= cache.limit and process.streams <= process.bound()
+
+
 def shares_beyond_budget(cache: "SpanCache") -> bool:
     """Whether ``cache``'s stream is one of several (a recursive mount's inner archives, a
     union's archives) whose decompressed sizes together are more than the process keeps."""
@@ -143,6 +152,9 @@ class SpanCache:
         self._ends = points[1:] + [size]
         self.size = size
         self.capacity = capacity
+        #: What this cache keeps: its capacity, or all of its stream when that is at most
+        #: ``GROWTH`` times it (the process's bound decides among several streams).
+        self.limit = size if size <= GROWTH * capacity else capacity
         _PROCESS.budget = max(_PROCESS.budget, capacity)
         _PROCESS.stream_opened(size)
         #: Takes the stream out of the process's sum (once: at ``close`` or when collected).
@@ -246,7 +258,7 @@ class SpanCache:
             del self._pending[start]
             self.decoded_bytes += len(data)
             self._keep(start, data, start + len(data) >= stop or start + len(data) < need)
-            while self._bytes > self.capacity and len(self._spans) > 1:
+            while self._bytes > self.limit and len(self._spans) > 1:
                 old_start, old = self._spans.popitem(last=False)
                 self._bytes -= len(old)
                 self._whole.discard(old_start)
