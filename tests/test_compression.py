@@ -1046,15 +1046,16 @@ def test_reads_back_and_forth_across_a_frame_boundary_decode_each_frame_once(
         assert framed.FRAME_CACHE.budget >= 2 * max(frames.decomp_sizes)
 
 
-@pytest.mark.parametrize(("cache_mib", "whole"), [(4, True), (3, False)])
+@pytest.mark.parametrize(("cache_mib", "files", "whole"), [(4, 1, True), (3, 1, False), (4, 2, False)])
 def test_a_file_of_at_most_three_caches_is_kept_whole_once_read_at_random(
-    large_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache_mib: int, whole: bool
+    large_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache_mib: int, files: int, whole: bool
 ) -> None:
     """Random reads of an xz or zstd file of at most three times the cache (``KEPT_WHOLE_FACTOR``)
     grow the cache to hold it when a frame is decoded again: after that, each frame evicted
-    before is decoded once more at most, and a third round decodes nothing. A larger file keeps the cache's
-    size and decodes frames again (up to the blocks a read needs). A 68 MB .tar.xz of three
-    24 MiB blocks took 0.33 s for every random read before."""
+    before is decoded once more at most, and a third round decodes nothing. A larger file, or
+    files open together that are larger (a union), keep the cache's size and decode frames again
+    (up to the blocks a read needs). A 68 MB .tar.xz of three 24 MiB blocks took 0.33 s for
+    every random read before."""
     from ratarmountcore.compression import framed
     from ratarmountcore.compression.xz import XzReader
 
@@ -1077,9 +1078,14 @@ def test_a_file_of_at_most_three_caches_is_kept_whole_once_read_at_random(
 
     monkeypatch.setattr(XzReader, "_open_stream", streamed)
     monkeypatch.setattr(framed.FramedReader, "_decode_checked", decoded)
+    others = []
+    for k in range(files - 1):  # the same file under other names, open beside it
+        other = tmp_path / f"other{k}.tar.xz"
+        shutil.copyfile(archive, other)
+        others.append(ratarmountcore.open(str(other), opts))
     with ratarmountcore.open(str(archive), opts) as src:
         size = src._reader.frames.size  # type: ignore[attr-defined]
-        assert (size <= framed.KEPT_WHOLE_FACTOR * (cache_mib << 20)) is whole and size > cache_mib << 20
+        assert (files * size <= framed.KEPT_WHOLE_FACTOR * (cache_mib << 20)) is whole and size > cache_mib << 20
         for round_ in range(3):
             random.Random(round_).shuffle(names)
             decodes.clear()
@@ -1087,6 +1093,9 @@ def test_a_file_of_at_most_three_caches_is_kept_whole_once_read_at_random(
                 assert src.read(name) == expected[name], name
         assert (not decodes) is whole, f"frames decoded in the third round: {len(decodes)}"
         assert (framed.FRAME_CACHE.budget >= size) is whole
+    for other_source in others:
+        other_source.close()
+    assert framed.FRAME_CACHE.files() == 0  # (closed readers no longer count)
 
 
 def test_large_xz_blocks_are_reported_once_with_the_remedy(

@@ -135,15 +135,14 @@ SEQUENTIAL_GAP = 1024 * 1024
 #: A cursor decoding ahead for a sequential reader is kept for its next read even when an idle
 #: cursor sits up to this much closer behind it (see ``InstancePool``'s ``momentum``).
 MOMENTUM_NEAR = 64 * 1024
-#: Files of at most this many times the cache (decompressed, of frames cached whole) are kept
-#: whole once read at random (see ``FramedReader._kept_whole``); as the span cache keeps several
-#: small streams (``spans.GROWTH``). A 68 MB .tar.xz of three 24 MiB blocks took 0.33 s for
-#: each random read, every one decoding its block from the start.
+#: Files of at most this many times the cache (decompressed, of frames cached whole; all the
+#: open files together) are kept whole once read at random (``FramedReader._kept_whole``), as
+#: the span cache keeps its streams (``spans.GROWTH``): a 68 MB .tar.xz of three 24 MiB blocks
+#: took 0.33 s for each random read. Reads in larger files that miss the frame cache decode
+#: only the blocks up to the end of the read (half a frame on average) instead of the whole
+#: frame: the cache holds a small part of them, so whole frames would mostly be decoded for one
+#: member and evicted. The first pass records block checksums of every frame it decodes.
 KEPT_WHOLE_FACTOR = GROWTH
-#: Larger files have reads that miss the frame cache decode only the blocks up to the end of
-#: the read (half a frame on average) instead of the whole frame: the cache holds a small part
-#: of them, so whole frames would mostly be decoded for one member and evicted. The first pass
-#: records block checksums of every frame it decodes.
 #: What the cursors of such reads may hold, counted as a frame each (at least one per thread).
 PARTIAL_CURSOR_BYTES = FRAME_CACHE_BYTES
 #: Frames of at least this many bytes that the first pass reaches before they were decoded
@@ -158,6 +157,10 @@ class FrameCache:
         self.budget = budget
         #: The largest cache size a reader's options gave (None: none yet, ``budget`` holds).
         self.given: Optional[int] = None
+        #: The decompressed sizes of the open readers' files whose frames are cached whole, by
+        #: reader token: what random reads over all of them compete for (``opened``).
+        self._files: Dict[int, int] = {}
+        self._files_total = 0
         self._lock = threading.Lock()
         self._frames: "collections.OrderedDict[Tuple[int, int], FrameData]" = collections.OrderedDict()
         self._bytes = 0
@@ -195,9 +198,21 @@ class FrameCache:
             self.budget = max(self.budget, budget)
 
     def drop(self, token: int) -> None:
+        """Forget a closed reader: its frames and its file's size."""
         with self._lock:
             for key in [k for k in self._frames if k[0] == token]:
                 self._bytes -= len(self._frames.pop(key))
+            self._files_total -= self._files.pop(token, 0)
+
+    def opened(self, token: int, size: int) -> None:
+        """The decompressed size of reader ``token``'s file (0: its frames are not cached)."""
+        with self._lock:
+            self._files_total += size - self._files.get(token, 0)
+            self._files[token] = size
+
+    def files(self) -> int:
+        """The decompressed sizes of the open readers' files together."""
+        return self._files_total
 
     @property
     def cached_bytes(self) -> int:
@@ -350,6 +365,7 @@ class FramedReader(CompressedReader):
         self._cursors.extent = table.size  # which cursor to rewind depends on where the frames end
         largest = max(table.decomp_sizes, default=0)
         self._largest_cached = largest if largest <= self.whole_frame_limit else 0
+        FRAME_CACHE.opened(self._token, table.size if self._largest_cached else 0)
         if largest > self.whole_frame_limit and not self._warned:
             self._warned = True
             logger.warning(
@@ -502,15 +518,19 @@ class FramedReader(CompressedReader):
         would decode the whole frame for one member). Asked only for frames not in the cache."""
         crcs = self._crc_table
         return (
-            crcs is not None and not self._kept_whole(table) and crcs.covers(frame) and frame not in self._ahead
+            crcs is not None and not self._kept_whole() and crcs.covers(frame) and frame not in self._ahead
         )  # fmt: skip
 
-    def _kept_whole(self, table: FrameTable) -> bool:
-        """Whether the cache grows to hold all of this file once frames are decoded again: its
-        frames are cached whole, and all of them at most ``KEPT_WHOLE_FACTOR`` times the cache
-        size given (0: the cache is off)."""
+    def _kept_whole(self) -> int:
+        """What the cache grows to once frames are decoded again so that it holds all of this
+        file, and of the other files read through it (a union, a folder): their size together
+        when this file's frames are cached whole and that is at most ``KEPT_WHOLE_FACTOR`` times
+        the cache size given; 0 (False) otherwise, and when the cache is off."""
         given = FRAME_CACHE.given
-        return bool(self._largest_cached) and given is not None and table.size <= KEPT_WHOLE_FACTOR * given
+        if not self._largest_cached or not given:
+            return 0
+        files = FRAME_CACHE.files()
+        return files if files <= KEPT_WHOLE_FACTOR * given else 0
 
     def _partial_pool(self, table: FrameTable) -> InstancePool[_Cursor]:
         """As many cursors as frames of this file fit in ``PARTIAL_CURSOR_BYTES`` (each holds a
@@ -637,8 +657,7 @@ class FramedReader(CompressedReader):
                 # each), so the cache grows to hold two; or all of a file that is at most
                 # KEPT_WHOLE_FACTOR times the cache. A sequential scan (the first mount) never
                 # gets here and keeps the smaller budget. (Not when the cache is off.)
-                whole = table.size if self._kept_whole(table) else 0
-                FRAME_CACHE.reserve(max(FRAMES_CACHED_AT_LEAST * self._largest_cached, whole))
+                FRAME_CACHE.reserve(max(FRAMES_CACHED_AT_LEAST * self._largest_cached, self._kept_whole()))
             data = self._decode_checked(frame, table)
             FRAME_CACHE.put(key, data)
             return data
