@@ -281,3 +281,28 @@ def test_member_size_sample_looks_into_inner_tars() -> None:
     # counted as it is.
     broken = data[: 512 + 148] + b"9" + data[512 + 149 :]  # (the first class tar's first header)
     assert typical_member_size(broken, most=2, descend=True) == (outer[0] + 3000) // 2
+
+
+@pytest.mark.parametrize(("members", "threads"), [(100, 1), (1500, 3)])
+def test_a_decoder_gets_no_more_threads_than_its_stream_has_chunks(
+    members: int, threads: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream of two chunks or less is decoded by one thread (the first pass of 1,000 inner
+    .tar.gz of 340 kB: 3.7-4.4 s with four threads each, 3.4 s with one); a larger one by at
+    most a thread a chunk, and at most what was asked for."""
+    archive = _tar_gz(tmp_path / "a.tar.gz", [1000] * members)  # (incompressible: ~1.5 kB a member)
+    made: List[int] = []
+    original = rapidgzip.RapidgzipFile
+
+    def recording(*args, parallelization: int, **kwargs):  # type: ignore[no-untyped-def]
+        made.append(parallelization)
+        return original(*args, parallelization=parallelization, **kwargs)
+
+    monkeypatch.setattr(rapidgzip, "RapidgzipFile", recording)
+    spacing = 384 * 1024
+    chunks = -(-archive.stat().st_size // spacing)
+    assert (chunks <= 2) is (threads == 1)
+    compression = CompressionOptions(gzip_backend="rapidgzip", parallelization=3, seek_point_spacing=spacing)
+    with ratarmountcore.open(str(archive), OpenOptions(index=IndexOptions(progress=False), compression=compression)):
+        pass
+    assert made and made[0] == min(threads, chunks) == max(made), made  # (the first pass's decoder first)

@@ -492,6 +492,13 @@ class RapidgzipReader(_GzipReader):
     def _open_decoder(self, raw: Union[str, FdFile], threads: int) -> Any:
         import rapidgzip
 
+        # No more threads than the stream has chunks, and one for a stream of two chunks or
+        # less: threads there cost more to start and end than they decode in parallel. The
+        # first pass over 1,000 inner .tar.gz of 340 kB in one tar: 3.7-4.4 s with 4 threads
+        # each, 3.6 s with a thread a chunk, 3.4 s with one; 100 class .tar.gz of 680 kB in a
+        # folder (two chunks each): 1.23-1.39, 1.31-1.36 and 1.03-1.10 s.
+        chunks = -(-self.compressed_size // self._chunk_size)
+        threads = 1 if chunks <= 2 else min(threads, chunks)
         return rapidgzip.RapidgzipFile(raw, parallelization=threads, chunk_size=self._chunk_size)
 
     # --- the first pass in a child process ------------------------------------------------------
