@@ -1098,6 +1098,23 @@ def test_a_file_of_at_most_three_caches_is_kept_whole_once_read_at_random(
     assert framed.FRAME_CACHE.files() == 0  # (closed readers no longer count)
 
 
+def test_large_blocks_of_a_file_kept_whole_are_not_reported(
+    large_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file of at most three caches is kept whole once read at random: its large blocks are
+    decoded once or twice each, so random reads are not slow and nothing is said."""
+    from ratarmountcore.compression import framed
+
+    monkeypatch.setattr(framed, "SLOW_FRAME_BYTES", 200 * 1024)
+    monkeypatch.setattr(framed, "FRAME_CACHE", framed.FrameCache(framed.FRAME_CACHE_BYTES))
+    archive = compress(fresh_copy(large_tar, tmp_path), "xz-cli-blocks")
+    with caplog.at_level(logging.WARNING, logger="ratarmountcore"):
+        with ratarmountcore.open(str(archive), options(cache_size=4 << 20)) as src:  # (~10 MB: kept whole)
+            for member in list(members_of(large_tar))[:5]:
+                src.read(member)
+    assert not [r for r in caplog.records if "random access will be slow" in r.getMessage()]
+
+
 def test_large_xz_blocks_are_reported_once_with_the_remedy(
     large_tar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -1117,9 +1134,12 @@ def slow_frame_warnings(
     from ratarmountcore.compression import framed
 
     monkeypatch.setattr(framed, "SLOW_FRAME_BYTES", 200 * 1024)  # (the xz test file's blocks: 256 KiB)
+    # A cache too small to grow to the whole file (a file of at most three caches is kept whole
+    # once read at random, and not said to be slow).
+    monkeypatch.setattr(framed, "FRAME_CACHE", framed.FrameCache(framed.FRAME_CACHE_BYTES))
     archive = compress(fresh_copy(tar, tmp_path), kind)
     with caplog.at_level(logging.WARNING, logger="ratarmountcore"):
-        with ratarmountcore.open(str(archive), options()) as src:
+        with ratarmountcore.open(str(archive), options(cache_size=1 << 20)) as src:
             for member in list(members_of(tar))[:reads]:
                 src.read(member)
     return archive, [r.getMessage() for r in caplog.records if "random access will be slow" in r.getMessage()]
