@@ -496,7 +496,20 @@ def _two_archives_and_a_small_cache(tmp_path: Path) -> Tuple[Path, Path, Dict[st
     return first, second, members, small
 
 
-def test_no_background_decoding_when_the_stream_does_not_fit_or_is_not_alone(tmp_path: Path) -> None:
+def _finished_job(reader: Any) -> Any:
+    """The reader's job in the queue of several readers, once it has run."""
+    from ratarmountcore.compression.pooled import _WarmJob
+
+    job = reader._warm
+    assert isinstance(job, _WarmJob), job
+    assert job._done.wait(30)
+    return job
+
+
+def test_no_background_decoding_when_the_stream_is_beyond_three_caches(tmp_path: Path) -> None:
+    """A stream of more than three caches is not decoded ahead (its misses decode what they
+    need); several small streams that the process keeps whole are, by the queue's one thread,
+    from each one's first miss on (a union of two: the one read is decoded whole)."""
     first, second, members, small = _two_archives_and_a_small_cache(tmp_path)
     with ratarmountcore.open(str(first), small) as src:
         names = list(members)
@@ -508,8 +521,10 @@ def test_no_background_decoding_when_the_stream_does_not_fit_or_is_not_alone(tmp
     )
     with ratarmountcore.open([str(first), str(second)], union) as both:
         assert both.read(names[0]) == members[names[0]] and both.read(names[-1]) == members[names[-1]]
-        readers = [s._reader for s in both.sources]  # type: ignore[attr-defined]
-        assert [r._warm for r in readers] == [None, False]  # (b.tar.gz serves the names; both are open)
+        unread, read = [s._reader for s in both.sources]  # type: ignore[attr-defined]
+        assert unread._warm is None  # (b.tar.gz serves the names)
+        _finished_job(read)
+        assert read._spans.cached_bytes == read.size
 
 
 def _make_tar_bz2(path: Path, count: int) -> Dict[str, bytes]:
@@ -542,15 +557,19 @@ def test_expect_reads_decodes_a_stream_that_fits_before_any_read(tmp_path: Path,
         assert spans.misses == 0
 
 
-def test_expect_reads_starts_nothing_for_a_stream_too_large_or_not_alone(tmp_path: Path) -> None:
+def test_expect_reads_decodes_nothing_beyond_three_caches_and_several_that_fit_in_the_queue(
+    tmp_path: Path,
+) -> None:
+    """``expect_reads`` decodes nothing of a stream beyond three caches; the streams of a union
+    that the process keeps whole are decoded, one after another, before any read."""
     first, second, members, small = _two_archives_and_a_small_cache(tmp_path)
     with ratarmountcore.open(str(first), small):
         pass
     with ratarmountcore.open(str(first), small) as src:
         src.expect_reads()
-        time.sleep(0.3)
         reader = src._reader  # type: ignore[attr-defined]
-        assert reader._warm is None and reader.stats.compressed_bytes_read == 0
+        _finished_job(reader)
+        assert reader.stats.compressed_bytes_read == 0 and reader._spans.cached_bytes == 0
         names = list(members)
         assert src.read(names[-1]) == members[names[-1]]
     both = OpenOptions(
@@ -559,10 +578,13 @@ def test_expect_reads_starts_nothing_for_a_stream_too_large_or_not_alone(tmp_pat
     )
     with ratarmountcore.open([str(first), str(second)], both) as union:
         union.expect_reads()
-        time.sleep(0.3)
         readers = [s._reader for s in union.sources]  # type: ignore[attr-defined]
-        assert all(not isinstance(r._warm, threading.Thread) for r in readers)  # (two are open)
+        for reader in readers:
+            _finished_job(reader)
+            assert reader._spans.cached_bytes == reader.size
+        misses = [r._spans.misses for r in readers]
         assert union.read(names[0]) == members[names[0]]
+        assert [r._spans.misses for r in readers] == misses  # (served from what was decoded ahead)
 
 
 def test_a_mount_decodes_a_small_tar_gz_before_it_is_read(mounter: Mounter, tmp_path: Path) -> None:
@@ -601,3 +623,65 @@ def test_closing_right_after_expect_reads_waits_for_the_thread_that_starts_the_d
     with ratarmountcore.open(str(archive), opts) as src:
         name = sorted(members)[-1]
         assert src.read(name) == members[name]
+
+
+def test_a_folder_of_small_archives_is_decoded_ahead_by_one_thread(tmp_path: Path) -> None:
+    """A folder of small .tar.gz mounted with -r: ``expect_reads`` has every archive decoded
+    ahead (together they fit three caches), one after another by the queue's one thread -- not
+    a thread each, which a folder of thousands of small archives would make."""
+    folder = tmp_path / "train"
+    folder.mkdir()
+    expected: Dict[str, bytes] = {}
+    for k in range(12):
+        archive = folder / f"c{k:02}.tar.gz"
+        members = make_tar_gz(archive, 120)
+        expected.update({f"/c{k:02}.tar.gz/{name}": data for name, data in members.items()})
+        _indexed(archive)
+    opts = OpenOptions(recursive=True, index=IndexOptions(progress=False))
+    with ratarmountcore.open(str(folder), opts) as src:
+        archives = [known.source for known in src._archives.values() if known.source is not None]  # type: ignore[attr-defined]
+        readers = [archive._reader for archive in archives]
+        assert len(readers) == 12
+        src.expect_reads()
+        most = 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            warming = [t for t in threading.enumerate() if t.name.startswith("ratarmount-warm")]
+            most = max(most, len(warming))
+            if not warming:
+                break
+            time.sleep(0.002)
+        assert most <= 1
+        for reader in readers:
+            _finished_job(reader)
+            assert reader._spans.cached_bytes == reader.size
+        for path, data in expected.items():
+            assert src.read(path) == data, path
+        assert all(reader._spans.misses == 0 for reader in readers)
+
+
+def test_closing_readers_whose_jobs_wait_in_the_queue(tmp_path: Path) -> None:
+    """A job still queued when its reader closes is cancelled and never decodes; a union closed
+    while the queue works returns at once (a running job stops after its span)."""
+    paths = []
+    for k in range(6):
+        archive = tmp_path / f"p{k}.tar.gz"
+        make_tar_gz(archive, 1500)  # (~6 MB decoded: tens of ms each to decode ahead)
+        _indexed(archive)
+        paths.append(str(archive))
+    opts = OpenOptions(index=IndexOptions(progress=False))
+    union = ratarmountcore.open(paths, opts)
+    readers = [s._reader for s in union.sources]  # type: ignore[attr-defined]
+    union.expect_reads()
+    jobs = [reader._warm for reader in readers]
+    last = jobs[-1]
+    last.cancel_or_wait(10)  # (what the last reader's close does: its job waits behind five)
+    assert last._state == "cancelled"
+    for job in jobs[:2]:
+        assert job._done.wait(30)
+    assert readers[0]._spans.cached_bytes == readers[0].size
+    started = time.monotonic()
+    union.close()
+    assert time.monotonic() - started < 5
+    assert [job._state for job in jobs][-1] == "cancelled" and readers[-1].stats.compressed_bytes_read == 0
+    assert all(job._state in ("cancelled", "done") for job in jobs)

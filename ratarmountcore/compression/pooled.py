@@ -10,6 +10,7 @@ the start to reach a late offset. Memory is bounded by ``max_instances`` decoder
 from __future__ import annotations
 
 import atexit
+import collections
 import logging
 import os
 import threading
@@ -63,6 +64,89 @@ def _forget_open_in_child() -> None:
 forks.in_child(_forget_open_in_child)
 
 
+class _WarmJob:
+    """One reader's stream to decode whole into its span cache, in the queue's thread."""
+
+    def __init__(self, reader: "PooledReader", spans: Optional[SpanCache], size: int) -> None:
+        self.reader = weakref.ref(reader)
+        self.spans = spans
+        self.size = size
+        self._lock = threading.Lock()
+        self._state = "queued"  # -> "running" -> "done", or "cancelled" before it ran
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        with self._lock:
+            if self._state != "queued":
+                self._done.set()
+                return
+            self._state = "running"
+        try:
+            reader = self.reader()
+            if reader is None or reader._closing:
+                return
+            spans = self.spans if self.spans is not None else reader._spans_of_seek_points()
+            if spans is None:  # (the span starts come from a decoder: the first miss may ask again)
+                with reader._warm_lock:
+                    if reader._warm is self:
+                        reader._warm = None
+                return
+            # (Asked again: archives opened since may have made the streams too many.)
+            if kept_whole(spans):
+                reader._warm_all(spans, self.size)
+        finally:
+            with self._lock:
+                self._state = "done"
+            self._done.set()
+
+    def cancel_or_wait(self, timeout: float) -> None:
+        """At the reader's close: the job does not run, or has ended (after at most one span)."""
+        with self._lock:
+            if self._state == "queued":
+                self._state = "cancelled"
+            if self._state != "running":
+                return
+        self._done.wait(timeout)
+
+
+class _WarmQueue:
+    """Streams of several readers (a folder's or a union's archives, or one archive of up to
+    three caches) decoded whole one after another by one thread: a thread each would be
+    thousands for a folder of small archives."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: "collections.deque[_WarmJob]" = collections.deque()
+        self._thread: Optional[threading.Thread] = None
+
+    def add(self, job: _WarmJob) -> None:
+        with self._lock:
+            self._jobs.append(job)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ratarmount-warm-queue", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    self._thread = None
+                    return
+                job = self._jobs.popleft()
+            job.run()
+
+
+_WARM_QUEUE = _WarmQueue()
+
+
+def _new_warm_queue_in_child() -> None:
+    global _WARM_QUEUE
+    _WARM_QUEUE = _WarmQueue()  # (the parent's thread is not in the child)
+
+
+forks.in_child(_new_warm_queue_in_child)
+
+
 class PooledReader(CompressedReader):
     #: Upper bound of decoders alive at once (each may run its own worker threads).
     max_instances: ClassVar[int] = 4
@@ -99,9 +183,9 @@ class PooledReader(CompressedReader):
         self._spans: Optional[SpanCache] = None
         #: Whether ``_spans_of_seek_points`` was asked (once).
         self._spans_asked = False
-        #: The thread decoding the whole stream into the span cache (see ``_warm_all``); False
-        #: once it was decided that there is none.
-        self._warm: Union[None, bool, threading.Thread] = None
+        #: The thread decoding the whole stream into the span cache (see ``_warm_all``), or its
+        #: job in the queue of several readers; False once it was decided that there is none.
+        self._warm: Union[None, bool, threading.Thread, _WarmJob] = None
         self._warm_lock = threading.Lock()
         #: The thread that starts it when asked before any read (``decode_ahead``).
         self._starter: Optional[threading.Thread] = None
@@ -368,7 +452,15 @@ class PooledReader(CompressedReader):
                 return
             spans = self._spans
             size = self._size
-            if spans is None or size is None or size > spans.capacity or len(_OPEN) > 1 or self._closing:
+            alone = spans is not None and size is not None and size <= spans.capacity and len(_OPEN) == 1
+            if spans is not None and size is not None and not alone and not self._closing and kept_whole(spans):
+                # Several streams that the process keeps whole, or one of up to three caches.
+                job = _WarmJob(self, spans, size)
+                self._warm = job
+                logger.debug("%s: decoding all %d bytes into the span cache, in the queue", self.path, size)
+                _WARM_QUEUE.add(job)
+                return
+            if spans is None or size is None or not alone or self._closing:
                 logger.debug(
                     "%s: not decoded whole (spans %s, size %s, %d compressed readers open, closing: %s)",
                     self.path, spans is not None, size, len(_OPEN), self._closing,
@@ -399,11 +491,14 @@ class PooledReader(CompressedReader):
             )  # fmt: skip
             return
         if len(_OPEN) > 1 or size > self.options.cache_size:
-            logger.debug(
-                "%s: not decoded ahead (%s)",
-                self.path,
-                f"{len(_OPEN)} compressed readers open" if len(_OPEN) > 1 else f"{size} bytes, more than the cache",
-            )
+            # With other streams, or larger than the cache: decoded in the queue of several
+            # readers if the process keeps it whole (decided there, where the span cache is made).
+            with self._warm_lock:
+                if self._warm is not None or self._closing:
+                    return
+                job = self._warm = _WarmJob(self, None, size)
+            logger.debug("%s: to be decoded ahead in the queue, if kept whole", self.path)
+            _WARM_QUEUE.add(job)
             return
         with self._warm_lock:
             if self._starter is not None or self._closing:  # (close() sets the flag, then looks here)
@@ -507,6 +602,8 @@ class PooledReader(CompressedReader):
             warm = self._warm
         if isinstance(warm, threading.Thread):
             warm.join(10)  # (at most one span's decoding after the flag)
+        elif isinstance(warm, _WarmJob):
+            warm.cancel_or_wait(10)
         try:
             for pool in self._pools():
                 pool.close()

@@ -305,7 +305,7 @@ class SpanCache:
         with self._lock:
             part = self._spans.get(start)
             more = len(data) - (len(part) if part is not None else 0)
-            if start in self._whole or start in self._pending or self._bytes + more > self.capacity:
+            if start in self._whole or start in self._pending or self._bytes + more > self.limit:
                 return False
             self._keep(start, data, True)
             self._spans.move_to_end(start, last=False)  # (not used yet: first to go)

@@ -756,6 +756,14 @@ class DirectorySource(MountSource):
                 self._opening = {}
                 self._generation = forks.generation
 
+    def expect_reads(self) -> None:
+        """The open archives decode ahead where the process keeps them whole (a folder of small
+        class .tar.gz: the compressed readers' queue decodes them one after another)."""
+        with self._lock:
+            archives = [known.source for known in self._archives.values() if known.source is not None]
+        for source in archives:
+            source.expect_reads()  # (returns at once)
+
     def close(self) -> None:
         with self._lock:
             archives = [known.source for known in self._archives.values() if known.source is not None]
