@@ -81,6 +81,8 @@ class _WarmJob:
         self._lock = threading.Lock()
         self._state = "queued"  # -> "running" -> "done", or "cancelled" before it ran
         self._done = threading.Event()
+        #: The process's fork generation: in a child, no thread of the queue runs it.
+        self._generation = forks.generation
 
     def run(self) -> None:
         with self._lock:
@@ -111,7 +113,7 @@ class _WarmJob:
         with self._lock:
             if self._state == "queued":
                 self._state = "cancelled"
-            if self._state != "running":
+            if self._state != "running" or self._generation != forks.generation:
                 return
         self._done.wait(timeout)
 
