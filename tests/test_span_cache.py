@@ -685,3 +685,32 @@ def test_closing_readers_whose_jobs_wait_in_the_queue(tmp_path: Path) -> None:
     assert time.monotonic() - started < 5
     assert [job._state for job in jobs][-1] == "cancelled" and readers[-1].stats.compressed_bytes_read == 0
     assert all(job._state in ("cancelled", "done") for job in jobs)
+
+
+def test_the_queue_goes_on_after_a_job_that_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job that raises (say, an index closed under it) ends that job, not the queue's thread."""
+    from ratarmountcore.compression import pooled
+
+    ran: List[str] = []
+
+    class Failing:
+        def run(self) -> None:
+            ran.append("failing")
+            raise RuntimeError("index closed")
+
+    class Fine:
+        def __init__(self) -> None:
+            self.done = threading.Event()
+
+        def run(self) -> None:
+            ran.append("fine")
+            self.done.set()
+
+    queue = pooled._WarmQueue()
+    queue.add(Failing())  # type: ignore[arg-type]
+    fine = Fine()
+    queue.add(fine)  # type: ignore[arg-type]
+    assert fine.done.wait(10)
+    later = Fine()
+    queue.add(later)  # type: ignore[arg-type]
+    assert later.done.wait(10) and ran == ["failing", "fine", "fine"]

@@ -142,7 +142,10 @@ class _WarmQueue:
                     self._thread = None
                     return
                 job = self._jobs.popleft()
-            job.run()
+            try:
+                job.run()
+            except Exception as exc:  # noqa: BLE001 - a hint: reads decode what they need themselves
+                logger.debug("decoding ahead stopped: %s", exc)  # (the thread goes on with the next)
 
 
 _WARM_QUEUE = _WarmQueue()
