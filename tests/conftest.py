@@ -20,6 +20,14 @@ import pytest
 RATARMOUNT = [sys.executable, "-m", "ratarmount"]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A test run started in the background of a script (``cmd &``) inherits SIGINT ignored,
+    and so does every command a test starts: the tests of Ctrl-C then saw no interruption
+    (an ignored signal stays ignored across ``exec``; a handled one is reset to the default)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def fuse_available() -> bool:
     return os.path.exists("/dev/fuse") and (shutil.which("fusermount3") or shutil.which("fusermount")) is not None
 
