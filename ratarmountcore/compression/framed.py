@@ -214,6 +214,11 @@ class FrameCache:
         """The decompressed sizes of the open readers' files together."""
         return self._files_total
 
+    def keeps_whole(self, size: int) -> bool:
+        """Whether ``size`` decompressed bytes are at most ``KEPT_WHOLE_FACTOR`` times the cache
+        size given (never when the cache is off)."""
+        return 0 < size <= KEPT_WHOLE_FACTOR * (self.given or 0)
+
     @property
     def cached_bytes(self) -> int:
         return self._bytes
@@ -377,7 +382,10 @@ class FramedReader(CompressedReader):
                 largest / 2**20,
                 self.multi_frame_hint,
             )
-        elif largest >= SLOW_FRAME_BYTES and not self._warned and not self._fits_cache_grown(table):
+        elif largest >= SLOW_FRAME_BYTES and not self._warned and not FRAME_CACHE.keeps_whole(table.size):
+            # (A file kept whole once read at random, alone, is not slow: each frame is decoded
+            # once or twice. The 10,000-file .tar.xz of a 24 MiB block and a 9 MiB one: 1,000
+            # random reads 1.2 s.)
             self._warned = True
             logger.warning(
                 "%s has %s frames of up to %.0f MiB: each random read that misses the cache decodes "
@@ -389,13 +397,6 @@ class FramedReader(CompressedReader):
                 largest / 2**20 / self.decode_mib_per_second,
                 self.multi_frame_hint,
             )
-
-    def _fits_cache_grown(self, table: FrameTable) -> bool:
-        """Whether the file alone is kept whole once read at random (``_kept_whole``): each of
-        its frames is then decoded once or twice, and random reads are not slow (the 10,000-file
-        .tar.xz of a 24 MiB block and a 9 MiB one: 1,000 random reads 1.2 s)."""
-        given = FRAME_CACHE.given or 0
-        return 0 < table.size <= KEPT_WHOLE_FACTOR * given
 
     def expect_sequential_reads(self) -> None:
         self._warned = True  # the warnings about slow random access would only confuse
@@ -533,11 +534,8 @@ class FramedReader(CompressedReader):
         file, and of the other files read through it (a union, a folder): their size together
         when this file's frames are cached whole and that is at most ``KEPT_WHOLE_FACTOR`` times
         the cache size given; 0 (False) otherwise, and when the cache is off."""
-        given = FRAME_CACHE.given
-        if not self._largest_cached or not given:
-            return 0
         files = FRAME_CACHE.files()
-        return files if files <= KEPT_WHOLE_FACTOR * given else 0
+        return files if self._largest_cached and FRAME_CACHE.keeps_whole(files) else 0
 
     def _partial_pool(self, table: FrameTable) -> InstancePool[_Cursor]:
         """As many cursors as frames of this file fit in ``PARTIAL_CURSOR_BYTES`` (each holds a

@@ -464,28 +464,28 @@ class PooledReader(CompressedReader):
                 return
             spans = self._spans
             size = self._size
-            alone = spans is not None and size is not None and size <= spans.capacity and len(_OPEN) == 1
-            if spans is not None and size is not None and not alone and not self._closing and kept_whole(spans):
-                # Several streams that the process keeps whole, or one of up to three caches.
-                job = _WarmJob(self, spans, size)
-                self._warm = job
-                logger.debug("%s: decoding all %d bytes into the span cache, in the queue", self.path, size)
-                _WARM_QUEUE.add(job)
-                return
-            if spans is None or size is None or not alone or self._closing:
-                logger.debug(
-                    "%s: not decoded whole (spans %s, size %s, %d compressed readers open, closing: %s)",
-                    self.path, spans is not None, size, len(_OPEN), self._closing,
-                )  # fmt: skip
-                self._warm = False
-                return
-            thread = threading.Thread(target=self._warm_all, args=(spans, size), name="ratarmount-warm", daemon=True)
-            self._warm = thread
-            logger.debug("%s: decoding all %d bytes into the span cache in the background", self.path, size)
-            # Started under the lock: close() takes it to find the thread to join, and joining
-            # one not yet started raised RuntimeError (a read's miss started it as the source
-            # closed: seen once, in a run of the whole test suite under load).
-            thread.start()
+            if spans is not None and size is not None and not self._closing:
+                if size <= spans.capacity and len(_OPEN) == 1:
+                    thread = threading.Thread(
+                        target=self._warm_all, args=(spans, size), name="ratarmount-warm", daemon=True
+                    )
+                    self._warm = thread
+                    logger.debug("%s: decoding all %d bytes into the span cache in the background", self.path, size)
+                    # Started under the lock: close() takes it to find the thread to join, and
+                    # joining one not yet started raised RuntimeError (a read's miss started it
+                    # as the source closed: seen once, in a run of the whole suite under load).
+                    thread.start()
+                    return
+                if kept_whole(spans):  # several streams kept whole, or one of up to three caches
+                    job = self._warm = _WarmJob(self, spans, size)
+                    logger.debug("%s: decoding all %d bytes into the span cache, in the queue", self.path, size)
+                    _WARM_QUEUE.add(job)
+                    return
+            logger.debug(
+                "%s: not decoded whole (spans %s, size %s, %d compressed readers open, closing: %s)",
+                self.path, spans is not None, size, len(_OPEN), self._closing,
+            )  # fmt: skip
+            self._warm = False
 
     def decode_ahead(self) -> None:
         # The decoding of ``_start_warm`` begins at the first span-cache miss otherwise. A mount
