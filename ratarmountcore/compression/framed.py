@@ -161,6 +161,9 @@ class FrameCache:
         #: reader token: what random reads over all of them compete for (``opened``).
         self._files: Dict[int, int] = {}
         self._files_total = 0
+        #: The decompressed sizes of files not opened yet that an archive said it will open
+        #: (its compressed inner archives, ``expected.py``).
+        self.expected = 0
         self._lock = threading.Lock()
         self._frames: "collections.OrderedDict[Tuple[int, int], FrameData]" = collections.OrderedDict()
         self._bytes = 0
@@ -210,9 +213,14 @@ class FrameCache:
             self._files_total += size - self._files.get(token, 0)
             self._files[token] = size
 
+    def expect(self, delta: int) -> None:
+        """``expected`` grows by ``delta`` (shrinks, when negative)."""
+        with self._lock:
+            self.expected = max(0, self.expected + delta)
+
     def files(self) -> int:
-        """The decompressed sizes of the open readers' files together."""
-        return self._files_total
+        """The decompressed sizes of the open readers' files and of the expected ones together."""
+        return self._files_total + self.expected
 
     def keeps_whole(self, size: int) -> bool:
         """Whether ``size`` decompressed bytes are at most ``KEPT_WHOLE_FACTOR`` times the cache

@@ -66,6 +66,9 @@ class _ProcessBudget:
         self.streams = 0
         #: How many streams those are.
         self.count = 0
+        #: The decompressed sizes of streams not opened yet that an archive said it will open
+        #: (its compressed inner archives, ``expected.py``): they compete as well.
+        self.expected = 0
 
     def stream_opened(self, size: int) -> None:
         with self._lock:
@@ -77,11 +80,20 @@ class _ProcessBudget:
             self.streams -= size
             self.count -= 1
 
+    def expect(self, delta: int) -> None:
+        """``expected`` grows by ``delta`` (shrinks, when negative)."""
+        with self._lock:
+            self.expected = max(0, self.expected + delta)
+
+    def competing(self) -> int:
+        """The decompressed sizes of the streams open and expected together."""
+        return self.streams + self.expected
+
     def bound(self) -> int:
         """What the process keeps: the largest capacity given (``budget``); all the data of its
         streams (one archive, a folder or union of small ones) where that is at most ``GROWTH``
         times it."""
-        streams = self.streams
+        streams = self.competing()
         if self.budget < streams <= GROWTH * self.budget:
             return streams
         return self.budget
@@ -134,14 +146,14 @@ def kept_whole(cache: "SpanCache") -> bool:
     """Whether all of ``cache``'s stream, with the other streams of the process, fits what the
     process keeps (``_ProcessBudget.bound``)."""
     process = _PROCESS
-    return cache.size <= cache.limit and process.streams <= process.bound()
+    return cache.size <= cache.limit and process.competing() <= process.bound()
 
 
 def shares_beyond_budget(cache: "SpanCache") -> bool:
     """Whether ``cache``'s stream is one of several (a recursive mount's inner archives, a
     union's archives) whose decompressed sizes together are more than the process keeps."""
     process = _PROCESS
-    return process.streams > max(cache.size, process.bound())
+    return process.competing() > max(cache.size, process.bound())
 
 
 class SpanCache:

@@ -9,6 +9,7 @@ import stat
 import threading
 from typing import Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
+from ..compression.expected import METADATA_KEY, ExpectedStreams, parse_sizes
 from ..errors import (
     ArchiveError,
     IndexLocationFailedError,
@@ -147,10 +148,12 @@ class ArchiveSource(RenewedAfterFork, MountSource):
         self._guard: Optional[Callable[[], None]] = watch.check if watch is not None else None
         self._nested: Dict[int, RandomAccessReader] = {}
         self._nested_lock = threading.Lock()
+        #: The inner compressed archives' streams, counted by the caches before they are opened.
+        self._expected = ExpectedStreams(parse_sizes(index.metadata.get(METADATA_KEY)))
         self._folder_rows = FolderRows(index.list, max_rows=4096)
 
     def _parent_objects(self) -> Tuple[object, ...]:
-        return (self._reader, self._index, self._watch, self._nested, self._folder_rows)
+        return (self._reader, self._index, self._watch, self._nested, self._expected, self._folder_rows)
 
     @property
     def index_path(self) -> str:
@@ -355,6 +358,7 @@ class ArchiveSource(RenewedAfterFork, MountSource):
                 )
                 compressed.import_seek_points(NamespacedSeekPoints(self._index, row_id))
                 self._nested[row_id] = reader = compressed
+                self._expected.opened(FormatId(fmt), size)
             return reader
 
     def statfs(self) -> dict:  # type: ignore[type-arg]
@@ -376,6 +380,7 @@ class ArchiveSource(RenewedAfterFork, MountSource):
             for nested in self._nested.values():
                 nested.close()
             self._nested.clear()
+            self._expected.withdraw()
 
 
 def _renewal(

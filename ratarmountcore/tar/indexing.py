@@ -20,8 +20,9 @@ import functools
 import logging
 import stat
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
+from ..compression import expected
 from ..errors import ArchiveChangedError, ArchiveError, CorruptDataError, RatarmountError
 from ..formats import COMPRESSIONS, FormatId, is_tar_stream, sniff_bytes, stripped_tar_name
 from ..index.sqlite_index import IndexWriter
@@ -94,6 +95,9 @@ class _Context:
     archives: int = 0
     #: Name the folder of an inner ``NAME.tar`` ``NAME`` (``OpenOptions.strip_tar_extension``).
     strip: bool = False
+    #: Compressed and decompressed bytes of the compressed inner archives, by format
+    #: (``compression/expected.py``).
+    decoded: Dict[str, Tuple[int, int]] = field(default_factory=dict)
 
 
 def _as_folder(record: MemberRecord, strip: bool = False) -> MemberRecord:
@@ -136,6 +140,8 @@ def index_tar(
         bar.close()
     if recursive:  # an index without any is the same as one built without -r (check_options)
         writer.set_metadata("inner_archives", str(ctx.archives))
+    if ctx.decoded:
+        writer.set_metadata(expected.METADATA_KEY, expected.format_sizes(ctx.decoded))
 
 
 def _scan(
@@ -265,6 +271,8 @@ def _index_compressed_member(ctx: _Context, record: MemberRecord, fmt: FormatId,
             with reader.explained_failures(), reader.first_pass() as scan_reader:  # (the hint, as at the top)
                 _scan(ctx, scan_reader, None, record.path, 0, depth + 1, folder_id)
             reader.export_seek_points(NamespacedSeekPoints(ctx.writer, folder_id))
+            compressed, decoded = ctx.decoded.get(fmt.value, (0, 0))
+            ctx.decoded[fmt.value] = (compressed + record.size, decoded + reader.size)
 
         _descend_compressed(ctx, record, scan, folder_id, source)
         ctx.writer.end_archive_folder(folder_id)
