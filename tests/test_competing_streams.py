@@ -1,0 +1,66 @@
+"""Which compressed streams compete for the caches of decoded data (``spans.kept_whole``,
+``FrameCache.files``): those that are read, not every archive opened. In a union whose reads are
+all served by one archive (the others shadowed by it), that archive alone decides whether it is
+kept whole, on the first mount (after the first passes) and on later ones."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import lzma
+import random
+from pathlib import Path
+from typing import Callable, Dict
+
+import pytest
+import zstandard
+from conftest import tar_bytes
+
+import ratarmountcore
+from ratarmountcore.compression import framed, spans
+from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
+
+CAPACITY = 64 * 1024
+
+COMPRESS: Dict[str, Callable[[bytes], bytes]] = {
+    "gz": gzip.compress,
+    "bz2": bz2.compress,
+    "xz": lzma.compress,
+    "zst": zstandard.ZstdCompressor().compress,
+}
+
+
+@pytest.fixture
+def fresh_caches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counts of this test's own (other tests' sources may still be open)."""
+    monkeypatch.setattr(spans, "_PROCESS", spans._ProcessBudget())
+    monkeypatch.setattr(framed, "FRAME_CACHE", framed.FrameCache(framed.FRAME_CACHE_BYTES))
+
+
+def _competing() -> int:
+    return spans._PROCESS.competing() + framed.FRAME_CACHE.files()
+
+
+@pytest.mark.parametrize("codec", sorted(COMPRESS))
+def test_only_the_archive_read_in_a_union_competes(codec: str, tmp_path: Path, fresh_caches: None) -> None:
+    rng = random.Random(11)
+    files = {f"img/{i:02}.JPEG": rng.randbytes(rng.randint(4096, 6144)) for i in range(30)}
+    data = tar_bytes(files)
+    assert CAPACITY < len(data) <= 3 * CAPACITY < 3 * len(data)  # one is kept whole, three are not
+    paths = []
+    for name in ("a", "b", "c"):
+        path = tmp_path / f"{name}.tar.{codec}"
+        path.write_bytes(COMPRESS[codec](data))
+        paths.append(str(path))
+    options = OpenOptions(index=IndexOptions(progress=False), compression=CompressionOptions(cache_size=CAPACITY))
+    for mount in ("first", "second"):
+        with ratarmountcore.open(paths, options) as union:
+            assert _competing() == 0, mount  # (the first passes count no more)
+            for name in sorted(files)[:5]:
+                assert union.read(f"/{name}") == files[name]  # (from c: the later source wins)
+            assert _competing() == len(data), mount
+            if codec in ("xz", "zst"):
+                assert framed.FRAME_CACHE.keeps_whole(framed.FRAME_CACHE.files())
+            else:
+                assert spans._PROCESS.bound() == len(data)
+        assert _competing() == 0
