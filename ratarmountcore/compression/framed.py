@@ -504,6 +504,11 @@ class FramedReader(CompressedReader):
         self._counted = True
         FRAME_CACHE.opened(self._token, table.size if self._largest_cached else 0)
 
+    def count_before_reads(self) -> None:
+        table = self._frames
+        if table is not None and not self._counted:
+            self._count_file(table)
+
     def pread(self, offset: int, size: int) -> bytes:
         table = self.frames
         if not self._counted:

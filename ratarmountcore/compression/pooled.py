@@ -34,7 +34,7 @@ from .base import (
     unpack_seek_points,
 )
 from .pool import InstancePool, Slot
-from .spans import SpanCache, kept_whole, optional_cache, shares_beyond_budget
+from .spans import PendingStream, SpanCache, kept_whole, optional_cache, shares_beyond_budget
 
 logger = logging.getLogger(__name__)
 
@@ -195,6 +195,9 @@ class PooledReader(CompressedReader):
         self._spans: Optional[SpanCache] = None
         #: Whether ``_spans_of_seek_points`` was asked (once).
         self._spans_asked = False
+        #: The stream, counted among the process's streams until its span cache counts it
+        #: (``count_before_reads``).
+        self._pending: Optional[PendingStream] = None
         #: The thread decoding the whole stream into the span cache (see ``_warm_all``), or its
         #: job in the queue of several readers; False once it was decided that there is none.
         self._warm: Union[None, bool, threading.Thread, _WarmJob] = None
@@ -274,7 +277,7 @@ class PooledReader(CompressedReader):
             return
         with self.data_errors():
             starts = self._span_starts(decoder)
-        self._spans = optional_cache(starts, self._size, self.options.cache_size)
+        self._spans = self._span_cache(starts, self._size)
 
     def compressed_progress(self) -> Optional[int]:
         if not self.reads_in_step:
@@ -433,6 +436,21 @@ class PooledReader(CompressedReader):
         tells them when it is made (``_learn_spans``)."""
         return None
 
+    def _span_cache(self, starts: Optional[List[int]], size: int) -> Optional[SpanCache]:
+        cache = optional_cache(starts, size, self.options.cache_size)
+        pending = self._pending
+        if pending is not None and cache is not None:
+            pending.withdraw()  # (the cache counts the stream now)
+        return cache
+
+    def count_before_reads(self) -> None:
+        size = self._size
+        if size is None or self.options.cache_size <= 0 or self._payload_loader is None:
+            return  # (not indexed yet: the first pass's end would make it count)
+        with self._finish_lock:
+            if self._spans is None and self._pending is None:
+                self._pending = PendingStream(size)
+
     def _spans_of_seek_points(self) -> Optional[SpanCache]:
         """The span cache, made from the stored seek points without a decoder where the backend
         can (``_span_starts_without_decoder``): random reads of a .tar.gz then make no rapidgzip
@@ -442,7 +460,7 @@ class PooledReader(CompressedReader):
                 if not self._spans_asked and self._spans is None and self.options.cache_size > 0:
                     starts = self._span_starts_without_decoder()
                     if starts is not None and self._size is not None:
-                        self._spans = optional_cache(starts, self._size, self.options.cache_size)
+                        self._spans = self._span_cache(starts, self._size)
                 self._spans_asked = True
         return self._spans
 
@@ -616,6 +634,9 @@ class PooledReader(CompressedReader):
     def close(self) -> None:
         self._closing = True
         _OPEN.discard(self)
+        pending = self._pending
+        if pending is not None:
+            pending.withdraw()
         with self._warm_lock:
             starter = self._starter
         if starter is not None:

@@ -142,6 +142,23 @@ def _new_budget_in_child() -> None:
 forks.in_child(_new_budget_in_child)
 
 
+class PendingStream:
+    """One stream counted among the process's streams before its span cache is made (at its
+    first read): ``withdraw`` (once, from any thread) when the cache counts it, or at close."""
+
+    def __init__(self, size: int) -> None:
+        self._process = _PROCESS  # (a forked child has a budget of its own)
+        self._lock = threading.Lock()
+        self._size = size
+        self._process.expect(size)
+
+    def withdraw(self) -> None:
+        with self._lock:
+            size, self._size = self._size, 0
+        if size:
+            self._process.expect(-size)
+
+
 def kept_whole(cache: "SpanCache") -> bool:
     """Whether all of ``cache``'s stream, with the other streams of the process, fits what the
     process keeps (``_ProcessBudget.bound``)."""

@@ -9,6 +9,7 @@ import stat
 import threading
 from typing import Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
+from ..compression.base import CompressedReader
 from ..compression.expected import METADATA_KEY, ExpectedStreams, parse_sizes
 from ..errors import (
     ArchiveError,
@@ -336,6 +337,12 @@ class ArchiveSource(RenewedAfterFork, MountSource):
         if self._generation != forks.generation:
             self._renew()
         return (self._reader if source == 0 else self._nested_reader(source)), self._guard
+
+    def count_before_reads(self) -> None:
+        """The archive's compressed stream competes for the caches of decoded data from now on
+        (``CompressedReader.count_before_reads``)."""
+        if isinstance(self._reader, CompressedReader):
+            self._reader.count_before_reads()
 
     def will_read(self, info: FileInfo) -> None:
         locator = info.locator
