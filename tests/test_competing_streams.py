@@ -1,7 +1,8 @@
 """Which compressed streams compete for the caches of decoded data (``spans.kept_whole``,
-``FrameCache.files``): those that are read, not every archive opened. In a union whose reads are
-all served by one archive (the others shadowed by it), that archive alone decides whether it is
-kept whole, on the first mount (after the first passes) and on later ones."""
+``FrameCache.files``): those that will be read, not every archive opened. A folder's archives and
+a union's archives that show files compete from the open on; in a union whose reads are all
+served by one archive (the others shadowed by it), that archive alone decides whether it is kept
+whole, on the first mount (after the first passes) and on later ones."""
 
 from __future__ import annotations
 
@@ -55,7 +56,9 @@ def test_only_the_archive_read_in_a_union_competes(codec: str, tmp_path: Path, f
     options = OpenOptions(index=IndexOptions(progress=False), compression=CompressionOptions(cache_size=CAPACITY))
     for mount in ("first", "second"):
         with ratarmountcore.open(paths, options) as union:
-            assert _competing() == 0, mount  # (the first passes count no more)
+            # c shows every file: it competes from the open on; a and b, shadowed, never (nor
+            # for their first passes).
+            assert _competing() == len(data), mount
             for name in sorted(files)[:5]:
                 assert union.read(f"/{name}") == files[name]  # (from c: the later source wins)
             assert _competing() == len(data), mount
@@ -97,4 +100,21 @@ def test_every_archive_of_a_folder_competes_from_the_open(codec: str, tmp_path: 
                 assert not framed.FRAME_CACHE.keeps_whole(framed.FRAME_CACHE.files())
             else:
                 assert spans._PROCESS.bound() == CAPACITY
+        assert _competing() == 0
+
+
+def test_every_archive_of_a_union_that_shows_files_competes_from_the_open(tmp_path: Path, fresh_caches: None) -> None:
+    rng = random.Random(13)
+    paths, sizes = [], []
+    for name in ("a", "b", "c", "d"):
+        data = tar_bytes({f"{name}/{i:02}.JPEG": rng.randbytes(rng.randint(4096, 6144)) for i in range(10)})
+        sizes.append(len(data))
+        path = tmp_path / f"{name}.tar.gz"
+        path.write_bytes(gzip.compress(data))
+        paths.append(str(path))
+    options = OpenOptions(index=IndexOptions(progress=False), compression=CompressionOptions(cache_size=CAPACITY))
+    for mount in ("first", "second"):
+        with ratarmountcore.open(paths, options):
+            assert _competing() == sum(sizes), mount
+            assert spans._PROCESS.bound() == CAPACITY
         assert _competing() == 0

@@ -226,6 +226,11 @@ class MountSource(ABC):
         a small compressed archive starts decoding it into its cache in the background; it
         must return at once. (Opening a source decodes nothing; this is asked for.)"""
 
+    def count_before_reads(self) -> None:  # noqa: B027 - a hint, ignored by default
+        """A hint: this source's files will be read (a folder's archives, a union's archives that
+        show files). A compressed archive's stream then competes for the caches of decoded data
+        from now on, not from its first read (``CompressedReader.count_before_reads``)."""
+
     def is_implied(self, path: str, info: FileInfo) -> bool:
         """Whether folder ``path`` (``info``: its ``lookup``) is only implied by member paths, an
         archive having no member of that name (tar makes such a folder only where nothing is: a

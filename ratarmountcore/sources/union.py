@@ -47,11 +47,11 @@ logger = logging.getLogger(__name__)
 _S_IFMT = 0o170000
 #: A path component naming an entry's versions (``PATH.versions/``).
 _VERSIONS_PART = VERSIONS_SUFFIX.decode() + "/"
-UNION_FORMAT = "13"  # 5: a folder replaced by a file takes its entries with it; 6: ``implied``;
+UNION_FORMAT = "14"  # 5: a folder replaced by a file takes its entries with it; 6: ``implied``;
 # 7: nothing below an earlier source's file that a later source only implies as a folder;
 # 8: ``barriers``; 9: ``kinds`` (instead of barriers); 10: folders' link counts of the union;
 # 11: a file over a folder that holds something is refused, as by tar -x; 12: files' link counts
-# leave out the names of a hard link that a later source replaced; 13: ``blocks``
+# leave out the names of a hard link that a later source replaced; 13: ``blocks``; 14: ``file_sources``
 #: A folder's rows from the union table (``StatRow`` fields) after a name, in name order.
 _STAT_ROWS_SQL = (
     "SELECT name, mode, size, mtime_ns, uid, gid, nlink, ino, rdev, blocks FROM entries "
@@ -161,6 +161,13 @@ class UnionSource(MountSource):
             self._build()
         self._pool = ConnectionPool(self.table_path) if self.table_path != ":memory:" else None
         self._generation = forks.generation
+        # The archives whose files the union shows compete for the caches of decoded data from
+        # now on; one whose every file a later source replaces is never read, and does not (a
+        # union of three copies of a 68 MB .tar.xz of 24 MiB blocks, read from the last: not
+        # kept whole, each read decoded its block up to its member, 330 ms a read).
+        for (number,) in self._query("SELECT source FROM file_sources", ()):
+            if 0 <= number < len(self.sources):
+                self.sources[number].count_before_reads()
 
     def _renew(self) -> None:
         """In a forked child: connections and a lock of this process (the sources renew
@@ -292,6 +299,11 @@ class UnionSource(MountSource):
         if not self._mutable:  # (with folder sources, folders keep their winners' counts, as lookups give)
             self._count_folder_links(conn)
             self._count_file_links(conn)
+        conn.execute("CREATE TABLE file_sources (source INTEGER PRIMARY KEY)")
+        conn.execute(
+            "INSERT INTO file_sources SELECT DISTINCT source FROM entries "
+            f"WHERE mode & {_S_IFMT} = {stat.S_IFREG} AND implied = 0"
+        )
 
     @staticmethod
     def _count_folder_links(conn: sqlite3.Connection) -> None:
