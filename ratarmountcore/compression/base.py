@@ -251,9 +251,8 @@ class CompressedReader(ABC):
 
     def count_before_reads(self) -> None:  # noqa: B027 - a hint, ignored by default
         """Count this stream among those that reads compete for in the caches of decoded data
-        (``spans.kept_whole``, ``FrameCache.files``) from now on, not only from its first read:
-        a folder source says so for all its archives when it opens them (see
-        ``DirectorySource._open_archive``). A union does not: its archives may be shadowed."""
+        (``spans.kept_whole``, ``FrameCache.files``) from now on, not only from its first read
+        (``MountSource.count_before_reads``: a folder's archives, a union's that show files)."""
 
     def suggest_member_size(self, size: int) -> None:
         """Before the first scan: the typical size of the archive's members (a sample of the

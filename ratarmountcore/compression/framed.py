@@ -496,11 +496,11 @@ class FramedReader(CompressedReader):
 
     # --- reading ------------------------------------------------------------------------------
     def _count_file(self, table: FrameTable) -> None:
-        """Count the file among those the cache's reads compete for, at its first read: the
-        archives of a union that are never read (shadowed by later ones, or not needed) do not
-        compete. A union of three copies of a 68 MB .tar.xz of 24 MiB blocks, all reads served
-        by the last: each read decoded up to its member in a block (330 ms on average) instead
-        of the one file read being kept whole."""
+        """Count the file among those the cache's reads compete for, at its first read (or when
+        asked to before, ``count_before_reads``): the archives of a union that are never read
+        (shadowed by later ones) do not compete. A union of three copies of a 68 MB .tar.xz of
+        24 MiB blocks, all reads served by the last: each read decoded up to its member in a
+        block (330 ms on average) instead of the one file read being kept whole."""
         self._counted = True
         FRAME_CACHE.opened(self._token, table.size if self._largest_cached else 0)
 

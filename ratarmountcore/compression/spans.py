@@ -66,8 +66,9 @@ class _ProcessBudget:
         self.streams = 0
         #: How many streams those are.
         self.count = 0
-        #: The decompressed sizes of streams not opened yet that an archive said it will open
-        #: (its compressed inner archives, ``expected.py``): they compete as well.
+        #: The decompressed sizes of streams that will be read and whose caches do not count
+        #: them yet: an archive's compressed inner archives not opened yet (``expected.py``),
+        #: archives asked to count before their first read (``PendingStream``).
         self.expected = 0
 
     def stream_opened(self, size: int) -> None:
