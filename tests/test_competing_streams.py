@@ -10,6 +10,8 @@ import bz2
 import gzip
 import lzma
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Callable, Dict
 
@@ -118,3 +120,53 @@ def test_every_archive_of_a_union_that_shows_files_competes_from_the_open(tmp_pa
             assert _competing() == sum(sizes), mount
             assert spans._PROCESS.bound() == CAPACITY
         assert _competing() == 0
+
+
+_CHILD_SCRIPT = """
+import os, sys
+import ratarmountcore
+from ratarmountcore.compression import framed, spans
+from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
+
+folder, member, capacity = sys.argv[1], sys.argv[2], int(sys.argv[3])
+options = OpenOptions(
+    recursive=True, index=IndexOptions(progress=False), compression=CompressionOptions(cache_size=capacity)
+)
+source = ratarmountcore.open(folder, options)
+source.open_archives()
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(read)
+    data = source.read(member)  # the child opens that archive's stream anew
+    os.write(write, f"{len(data)} {spans._PROCESS.competing()} {framed.FRAME_CACHE.files()}".encode())
+    os._exit(0)
+os.close(write)
+answer = os.read(read, 200).decode()
+os.waitpid(pid, 0)
+print(answer)
+"""
+
+
+@pytest.mark.parametrize("codec", ["gz", "zst"])
+def test_a_forked_child_counts_what_the_parent_counted(codec: str, tmp_path: Path) -> None:
+    """A DataLoader's workers read the parent's archives, each opening the streams anew: what
+    competed in the parent competes in the child from the start (each of two workers reading a
+    folder of 1,000 class .tar.gz grew by 145 MiB, then by 94)."""
+    rng = random.Random(14)
+    folder = tmp_path / "train"
+    folder.mkdir()
+    total = 0
+    for c in range(6):
+        files = {f"n{c}_{i:02}.JPEG": rng.randbytes(rng.randint(4096, 6144)) for i in range(10)}
+        data = tar_bytes(files)
+        total += len(data)
+        (folder / f"n{c}.tar.{codec}").write_bytes(COMPRESS[codec](data))
+    member = f"/n0.tar.{codec}/n0_00.JPEG"
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD_SCRIPT, str(folder), member, str(CAPACITY)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    size, spans_total, frames_total = (int(word) for word in done.stdout.split())
+    assert size >= 4096
+    assert (spans_total if codec == "gz" else frames_total) == total

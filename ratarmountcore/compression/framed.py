@@ -164,6 +164,8 @@ class FrameCache:
         #: The decompressed sizes of files not opened yet that an archive said it will open
         #: (its compressed inner archives, ``expected.py``).
         self.expected = 0
+        #: In a forked child: the parent's ``files()`` at the fork (``_new_frame_cache_in_child``).
+        self.inherited = 0
         self._lock = threading.Lock()
         self._frames: "collections.OrderedDict[Tuple[int, int], FrameData]" = collections.OrderedDict()
         self._bytes = 0
@@ -219,8 +221,9 @@ class FrameCache:
             self.expected = max(0, self.expected + delta)
 
     def files(self) -> int:
-        """The decompressed sizes of the open readers' files and of the expected ones together."""
-        return self._files_total + self.expected
+        """The decompressed sizes of the open readers' files and of the expected ones together
+        (at least the parent's, in a forked child)."""
+        return max(self.inherited, self._files_total + self.expected)
 
     def keeps_whole(self, size: int) -> bool:
         """Whether ``size`` decompressed bytes are at most ``KEPT_WHOLE_FACTOR`` times the cache
@@ -237,7 +240,9 @@ FRAME_CACHE = FrameCache(FRAME_CACHE_BYTES)
 
 def _new_frame_cache_in_child() -> None:
     global FRAME_CACHE
+    parent = FRAME_CACHE
     FRAME_CACHE = FrameCache(FRAME_CACHE_BYTES)  # (its lock may have been held at the fork)
+    FRAME_CACHE.inherited = parent.files()  # (the child reads the parent's files: spans.py)
 
 
 forks.in_child(_new_frame_cache_in_child)

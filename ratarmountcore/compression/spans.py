@@ -70,6 +70,8 @@ class _ProcessBudget:
         #: them yet: an archive's compressed inner archives not opened yet (``expected.py``),
         #: archives asked to count before their first read (``PendingStream``).
         self.expected = 0
+        #: In a forked child: what competed in the parent at the fork (``_new_budget_in_child``).
+        self.inherited = 0
 
     def stream_opened(self, size: int) -> None:
         with self._lock:
@@ -87,8 +89,9 @@ class _ProcessBudget:
             self.expected = max(0, self.expected + delta)
 
     def competing(self) -> int:
-        """The decompressed sizes of the streams open and expected together."""
-        return self.streams + self.expected
+        """The decompressed sizes of the streams open and expected together (at least what
+        competed in the parent, in a forked child)."""
+        return max(self.inherited, self.streams + self.expected)
 
     def bound(self) -> int:
         """What the process keeps: the largest capacity given (``budget``); all the data of its
@@ -137,7 +140,13 @@ _PROCESS = _ProcessBudget()
 
 def _new_budget_in_child() -> None:
     global _PROCESS
+    parent = _PROCESS
     _PROCESS = _ProcessBudget()  # the parent's caches are parked there (io/forks.py)
+    # A child reads the parent's archives (a DataLoader's workers), opening their streams anew
+    # as it reads: what competed in the parent competes in the child from the start. Each of two
+    # workers reading a folder of 1,000 class .tar.gz grew by 145 MiB, its caches keeping all
+    # while fewer than three caches' worth had been read.
+    _PROCESS.inherited = parent.competing()
 
 
 forks.in_child(_new_budget_in_child)
