@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import itertools
 import logging
+import os
 import sqlite3
 import struct
 import tarfile
@@ -695,3 +696,50 @@ def test_an_index_that_fills_its_only_location_is_a_clear_error(small_disk: Path
         ratarmountcore.open(str(archive), OpenOptions(index=options))
     assert str(caught.value) == f"{archive}: cannot write its index {small_disk}/a.sqlite (database or disk is full)"
     assert sorted(p.name for p in small_disk.iterdir()) == ["a.tar", "filler"]
+
+
+def _stored_fingerprint(index: Path, value: "str | None" = None) -> str:
+    with sqlite3.connect(index) as conn:
+        if value is not None:
+            conn.execute("UPDATE metadata SET value = ? WHERE key = 'archive_fingerprint'", (value,))
+        return str(conn.execute("SELECT value FROM metadata WHERE key = 'archive_fingerprint'").fetchone()[0])
+
+
+def _flip_sampled_byte(archive: Path) -> None:
+    """Change a byte of the first sampled block, keeping the size and the mtime."""
+    st = archive.stat()
+    data = bytearray(archive.read_bytes())
+    data[600] ^= 0xFF  # (the padding after the first member's data, in the first sampled block)
+    archive.write_bytes(bytes(data))
+    os.utime(archive, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize("kind", ["crc32", "sha256 (indexes built before)"])
+def test_indexes_of_either_fingerprint_are_used_until_a_sampled_block_changes(tmp_path: Path, kind: str) -> None:
+    """Fingerprints are made from the samples' CRC-32s (hashing the samples themselves took a third
+    of opening a folder of 1,000 archives); indexes that carry the SHA-256 of the samples, as
+    those built before do, are used as they are, and are rebuilt when a sampled block changes."""
+    from ratarmountcore.index.fingerprint import CRC_PREFIX, archive_stats
+
+    archive = make_tar(tmp_path / "a.tar", 10)
+    index = tmp_path / "a.tar.index.sqlite"
+    ratarmountcore.open(str(archive)).close()
+    assert _stored_fingerprint(index).startswith(CRC_PREFIX)
+    if kind != "crc32":
+        fd = os.open(archive, os.O_RDONLY)
+        try:
+            stats = archive_stats(fd)
+            assert stats.legacy is not None
+            legacy = stats.legacy()
+        finally:
+            os.close(fd)
+        assert len(legacy) == 32 and not legacy.startswith(CRC_PREFIX)
+        _stored_fingerprint(index, legacy)
+    built = index.stat().st_mtime_ns, _stored_fingerprint(index)
+    with ratarmountcore.open(str(archive)) as src:
+        assert src.read("/d5/f5") == b"5"
+    assert (index.stat().st_mtime_ns, _stored_fingerprint(index)) == built  # used, not rebuilt
+    _flip_sampled_byte(archive)
+    with ratarmountcore.open(str(archive)) as src:
+        assert src.read("/d0/f0") == b"0"  # (a byte of padding: the tar reads the same)
+    assert _stored_fingerprint(index) != built[1] and _stored_fingerprint(index).startswith(CRC_PREFIX)
