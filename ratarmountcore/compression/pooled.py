@@ -198,6 +198,10 @@ class PooledReader(CompressedReader):
         #: The stream, counted among the process's streams until its span cache counts it
         #: (``count_before_reads``).
         self._pending: Optional[PendingStream] = None
+        #: Whether a span cache counts the stream (made at its first read); with ``_pending``,
+        #: under ``_pending_lock``.
+        self._counted = False
+        self._pending_lock = threading.Lock()
         #: The thread decoding the whole stream into the span cache (see ``_warm_all``), or its
         #: job in the queue of several readers; False once it was decided that there is none.
         self._warm: Union[None, bool, threading.Thread, _WarmJob] = None
@@ -438,17 +442,20 @@ class PooledReader(CompressedReader):
 
     def _span_cache(self, starts: Optional[List[int]], size: int) -> Optional[SpanCache]:
         cache = optional_cache(starts, size, self.options.cache_size)
-        pending = self._pending
-        if pending is not None and cache is not None:
-            pending.withdraw()  # (the cache counts the stream now)
+        if cache is not None:
+            with self._pending_lock:
+                self._counted = True
+                pending = self._pending
+            if pending is not None:
+                pending.withdraw()  # (the cache counts the stream now)
         return cache
 
     def count_before_reads(self) -> None:
         size = self._size
         if size is None or self.options.cache_size <= 0 or self._payload_loader is None:
             return  # (not indexed yet: the first pass's end would make it count)
-        with self._finish_lock:
-            if self._spans is None and self._pending is None:
+        with self._pending_lock:
+            if not self._counted and self._pending is None:
                 self._pending = PendingStream(size)
 
     def _spans_of_seek_points(self) -> Optional[SpanCache]:
@@ -613,6 +620,8 @@ class PooledReader(CompressedReader):
         # archive's first read, 1.4 s. Made again at the first read, from the stored points.
         with self._finish_lock:
             spans, self._spans, self._spans_asked = self._spans, None, False
+            with self._pending_lock:
+                self._counted = False
         if spans is not None:
             spans.close()
 
