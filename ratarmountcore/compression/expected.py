@@ -1,4 +1,8 @@
-"""Compressed streams an archive will open later, counted before they are opened.
+"""Compressed streams that will be read, counted before their caches count them.
+
+``Competition`` is what both caches share for this (``expected``, ``inherited``), and
+``Expectation`` one announcement of bytes to come: a folder's or union's archive asked to count
+before its first read (``spans.expect_stream``), or the inner archives below.
 
 Both caches of decoded data (``spans.py`` for gzip and bzip2, ``framed.py``'s frame cache for
 xz and zstd) decide from the decompressed sizes of the streams that compete for them whether to
@@ -20,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import Dict, Mapping, Optional, Protocol, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 from ..formats import FormatId
 
@@ -34,11 +38,53 @@ METADATA_KEY = "nested_decoded"
 Sizes = Mapping[FormatId, Tuple[int, int]]
 
 
-class _Counter(Protocol):
-    def expect(self, delta: int) -> None: ...
+class Competition:
+    """What the reads of one cache of decoded data compete for besides the streams it counts
+    itself (the base of ``spans._ProcessBudget`` and ``framed.FrameCache``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: The decompressed sizes of streams that will be read and that the cache does not count
+        #: yet (``Expectation``): an archive's compressed inner archives not opened yet, archives
+        #: asked to count before their first read.
+        self.expected = 0
+        #: In a forked child: what competed in the parent at the fork (the child reads the
+        #: parent's archives, a DataLoader's workers, opening their streams anew as it reads).
+        self.inherited = 0
+
+    def expect(self, delta: int) -> None:
+        """``expected`` grows by ``delta`` (shrinks, when negative)."""
+        with self._lock:
+            self.expected = max(0, self.expected + delta)
+
+    def _with_counted(self, counted: int) -> int:
+        """``counted`` bytes of the cache's own streams, with the expected ones (at least the
+        parent's total, in a forked child)."""
+        return max(self.inherited, counted + self.expected)
 
 
-def _counter(fmt: FormatId) -> Optional[_Counter]:
+class Expectation:
+    """``size`` bytes counted in a ``Competition``'s ``expected`` until taken back: in parts as
+    the streams open (``take``), the rest at close (``withdraw``); from any thread."""
+
+    def __init__(self, competition: Competition, size: int) -> None:
+        self._competition = competition  # (a forked child's caches have a competition of their own)
+        self._lock = threading.Lock()
+        self.left = max(0, size)
+        competition.expect(self.left)
+
+    def take(self, size: int) -> None:
+        with self._lock:
+            taken = min(self.left, max(0, size))
+            self.left -= taken
+        if taken:
+            self._competition.expect(-taken)
+
+    def withdraw(self) -> None:
+        self.take(self.left)
+
+
+def _competition(fmt: FormatId) -> Optional[Competition]:
     """The process's count that streams of ``fmt`` compete in (looked up at call time: a forked
     child has counts of its own)."""
     if fmt in (FormatId.GZIP, FormatId.BZIP2):
@@ -62,7 +108,7 @@ def parse_sizes(value: Optional[str]) -> Dict[FormatId, Tuple[int, int]]:
     except (ValueError, TypeError, AttributeError, IndexError, KeyError):
         logger.debug("ignoring the index's %s value %r", METADATA_KEY, value)
         return {}
-    return {fmt: pair for fmt, pair in sizes.items() if min(pair) > 0 and _counter(fmt) is not None}
+    return {fmt: pair for fmt, pair in sizes.items() if min(pair) > 0 and _competition(fmt) is not None}
 
 
 def format_sizes(sizes: Mapping[str, Tuple[int, int]]) -> str:
@@ -74,37 +120,24 @@ class ExpectedStreams:
     caches' totals until each opens (``opened``) or the archive closes (``withdraw``)."""
 
     def __init__(self, sizes: Sizes) -> None:
-        self._lock = threading.Lock()
-        self._left: Dict[FormatId, int] = {}
-        self._ratios: Dict[FormatId, float] = {}
-        self._counters: Dict[FormatId, _Counter] = {}
+        #: Per format: what is expected, and the decompressed bytes of a compressed one.
+        self._parts: Dict[FormatId, Tuple[Expectation, float]] = {}
         for fmt, (compressed, decoded) in sizes.items():
-            counter = _counter(fmt)
-            if counter is not None and compressed > 0 and decoded > 0:
-                counter.expect(decoded)
-                self._left[fmt] = decoded
-                self._ratios[fmt] = decoded / compressed
-                self._counters[fmt] = counter
+            competition = _competition(fmt)
+            if competition is not None and compressed > 0 and decoded > 0:
+                self._parts[fmt] = (Expectation(competition, decoded), decoded / compressed)
 
     def opened(self, fmt: FormatId, compressed: int) -> None:
         """A stream of ``fmt`` of ``compressed`` bytes is open now and counts itself once read."""
-        with self._lock:
-            left = self._left.get(fmt, 0)
-            taken = min(left, max(0, round(compressed * self._ratios.get(fmt, 0.0))))
-            if taken:
-                self._left[fmt] = left - taken
-        if taken:
-            self._counters[fmt].expect(-taken)
+        part = self._parts.get(fmt)
+        if part is not None:
+            part[0].take(round(compressed * part[1]))
 
     def withdraw(self) -> None:
         """The archive is closed: what was not opened is expected no more."""
-        with self._lock:
-            left, self._left = self._left, {}
-        for fmt, size in left.items():
-            if size:
-                self._counters[fmt].expect(-size)
+        for expectation, _ratio in self._parts.values():
+            expectation.withdraw()
 
     @property
     def left(self) -> int:
-        with self._lock:
-            return sum(self._left.values())
+        return sum(expectation.left for expectation, _ratio in self._parts.values())

@@ -46,6 +46,7 @@ from ..io import forks
 from ..options import CompressionOptions
 from .base import CompressedReader, PlainFile, SeekPointSource, SeekPointWriter, pack_seek_points
 from .block_crcs import BLOCK, CrcCollector
+from .expected import Competition
 from .frame_crcs import FrameCrcs, crcs_of
 from .pool import InstancePool, Slot
 from .spans import GROWTH
@@ -150,10 +151,11 @@ PARTIAL_CURSOR_BYTES = FRAME_CACHE_BYTES
 SCAN_STREAM_MIN = 8 * 1024 * 1024
 
 
-class FrameCache:
+class FrameCache(Competition):
     """Process-wide LRU of decoded frames, keyed by (reader token, frame number)."""
 
     def __init__(self, budget: int) -> None:
+        super().__init__()
         self.budget = budget
         #: The largest cache size a reader's options gave (None: none yet, ``budget`` holds).
         self.given: Optional[int] = None
@@ -161,12 +163,6 @@ class FrameCache:
         #: reader token: what random reads over all of them compete for (``opened``).
         self._files: Dict[int, int] = {}
         self._files_total = 0
-        #: The decompressed sizes of files not opened yet that an archive said it will open
-        #: (its compressed inner archives, ``expected.py``).
-        self.expected = 0
-        #: In a forked child: the parent's ``files()`` at the fork (``_new_frame_cache_in_child``).
-        self.inherited = 0
-        self._lock = threading.Lock()
         self._frames: "collections.OrderedDict[Tuple[int, int], FrameData]" = collections.OrderedDict()
         self._bytes = 0
 
@@ -215,15 +211,10 @@ class FrameCache:
             self._files_total += size - self._files.get(token, 0)
             self._files[token] = size
 
-    def expect(self, delta: int) -> None:
-        """``expected`` grows by ``delta`` (shrinks, when negative)."""
-        with self._lock:
-            self.expected = max(0, self.expected + delta)
-
     def files(self) -> int:
         """The decompressed sizes of the open readers' files and of the expected ones together
         (at least the parent's, in a forked child)."""
-        return max(self.inherited, self._files_total + self.expected)
+        return self._with_counted(self._files_total)
 
     def keeps_whole(self, size: int) -> bool:
         """Whether ``size`` decompressed bytes are at most ``KEPT_WHOLE_FACTOR`` times the cache
@@ -242,7 +233,7 @@ def _new_frame_cache_in_child() -> None:
     global FRAME_CACHE
     parent = FRAME_CACHE
     FRAME_CACHE = FrameCache(FRAME_CACHE_BYTES)  # (its lock may have been held at the fork)
-    FRAME_CACHE.inherited = parent.files()  # (the child reads the parent's files: spans.py)
+    FRAME_CACHE.inherited = parent.files()  # (the child reads the parent's files: ``Competition``)
 
 
 forks.in_child(_new_frame_cache_in_child)

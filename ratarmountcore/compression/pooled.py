@@ -33,8 +33,9 @@ from .base import (
     read_fully,
     unpack_seek_points,
 )
+from .expected import Expectation
 from .pool import InstancePool, Slot
-from .spans import PendingStream, SpanCache, kept_whole, optional_cache, shares_beyond_budget
+from .spans import SpanCache, expect_stream, kept_whole, optional_cache, shares_beyond_budget
 
 logger = logging.getLogger(__name__)
 
@@ -196,11 +197,8 @@ class PooledReader(CompressedReader):
         #: Whether ``_spans_of_seek_points`` was asked (once).
         self._spans_asked = False
         #: The stream, counted among the process's streams until its span cache counts it
-        #: (``count_before_reads``).
-        self._pending: Optional[PendingStream] = None
-        #: Whether a span cache counts the stream (made at its first read); with ``_pending``,
-        #: under ``_pending_lock``.
-        self._counted = False
+        #: (``count_before_reads``); it and ``_spans`` are set under ``_pending_lock``.
+        self._pending: Optional[Expectation] = None
         self._pending_lock = threading.Lock()
         #: The thread decoding the whole stream into the span cache (see ``_warm_all``), or its
         #: job in the queue of several readers; False once it was decided that there is none.
@@ -281,7 +279,7 @@ class PooledReader(CompressedReader):
             return
         with self.data_errors():
             starts = self._span_starts(decoder)
-        self._spans = self._span_cache(starts, self._size)
+        self._make_spans(starts, self._size)
 
     def compressed_progress(self) -> Optional[int]:
         if not self.reads_in_step:
@@ -440,23 +438,23 @@ class PooledReader(CompressedReader):
         tells them when it is made (``_learn_spans``)."""
         return None
 
-    def _span_cache(self, starts: Optional[List[int]], size: int) -> Optional[SpanCache]:
+    def _make_spans(self, starts: Optional[List[int]], size: int) -> None:
+        """The span cache, which counts the stream from now on (``count_before_reads``'s count
+        is withdrawn)."""
         cache = optional_cache(starts, size, self.options.cache_size)
-        if cache is not None:
-            with self._pending_lock:
-                self._counted = True
-                pending = self._pending
-            if pending is not None:
-                pending.withdraw()  # (the cache counts the stream now)
-        return cache
+        with self._pending_lock:
+            self._spans = cache
+            pending = self._pending if cache is not None else None
+        if pending is not None:
+            pending.withdraw()
 
     def count_before_reads(self) -> None:
         size = self._size
         if size is None or self.options.cache_size <= 0 or self._payload_loader is None:
             return  # (not indexed yet: the first pass's end would make it count)
         with self._pending_lock:
-            if not self._counted and self._pending is None:
-                self._pending = PendingStream(size)
+            if self._spans is None and self._pending is None:
+                self._pending = expect_stream(size)
 
     def _spans_of_seek_points(self) -> Optional[SpanCache]:
         """The span cache, made from the stored seek points without a decoder where the backend
@@ -467,7 +465,7 @@ class PooledReader(CompressedReader):
                 if not self._spans_asked and self._spans is None and self.options.cache_size > 0:
                     starts = self._span_starts_without_decoder()
                     if starts is not None and self._size is not None:
-                        self._spans = self._span_cache(starts, self._size)
+                        self._make_spans(starts, self._size)
                 self._spans_asked = True
         return self._spans
 
@@ -618,10 +616,8 @@ class PooledReader(CompressedReader):
         # of three copies of a 68 MB .tar.bz2 read only the last one (the others shadowed), not
         # kept whole, 300 random reads 8.9 s; a second mount, which makes each cache at the
         # archive's first read, 1.4 s. Made again at the first read, from the stored points.
-        with self._finish_lock:
+        with self._finish_lock, self._pending_lock:
             spans, self._spans, self._spans_asked = self._spans, None, False
-            with self._pending_lock:
-                self._counted = False
         if spans is not None:
             spans.close()
 

@@ -32,6 +32,7 @@ import weakref
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ..io import forks
+from .expected import Competition, Expectation
 
 #: ``decode(start, stop, need)``: the span's bytes from ``start``, at least up to ``need`` (fewer
 #: only at the end of the data), at most up to ``stop``.
@@ -49,12 +50,12 @@ Decode = Callable[[int, int, int], bytes]
 GROWTH = 3
 
 
-class _ProcessBudget:
+class _ProcessBudget(Competition):
     """LRU of the spans of all caches of the process. Its lock is never held together with a
     cache's lock."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        super().__init__()
         self._lru: "collections.OrderedDict[Tuple[int, int], Tuple[weakref.ref[SpanCache], int]]" = (
             collections.OrderedDict()
         )
@@ -66,12 +67,6 @@ class _ProcessBudget:
         self.streams = 0
         #: How many streams those are.
         self.count = 0
-        #: The decompressed sizes of streams that will be read and whose caches do not count
-        #: them yet: an archive's compressed inner archives not opened yet (``expected.py``),
-        #: archives asked to count before their first read (``PendingStream``).
-        self.expected = 0
-        #: In a forked child: what competed in the parent at the fork (``_new_budget_in_child``).
-        self.inherited = 0
 
     def stream_opened(self, size: int) -> None:
         with self._lock:
@@ -83,15 +78,10 @@ class _ProcessBudget:
             self.streams -= size
             self.count -= 1
 
-    def expect(self, delta: int) -> None:
-        """``expected`` grows by ``delta`` (shrinks, when negative)."""
-        with self._lock:
-            self.expected = max(0, self.expected + delta)
-
     def competing(self) -> int:
         """The decompressed sizes of the streams open and expected together (at least what
         competed in the parent, in a forked child)."""
-        return max(self.inherited, self.streams + self.expected)
+        return self._with_counted(self.streams)
 
     def bound(self) -> int:
         """What the process keeps: the largest capacity given (``budget``); all the data of its
@@ -142,31 +132,19 @@ def _new_budget_in_child() -> None:
     global _PROCESS
     parent = _PROCESS
     _PROCESS = _ProcessBudget()  # the parent's caches are parked there (io/forks.py)
-    # A child reads the parent's archives (a DataLoader's workers), opening their streams anew
-    # as it reads: what competed in the parent competes in the child from the start. Each of two
-    # workers reading a folder of 1,000 class .tar.gz grew by 145 MiB, its caches keeping all
-    # while fewer than three caches' worth had been read.
+    # What competed in the parent competes in the child from the start (``Competition``). Each
+    # of two workers reading a folder of 1,000 class .tar.gz grew by 145 MiB, its caches keeping
+    # all while fewer than three caches' worth had been read.
     _PROCESS.inherited = parent.competing()
 
 
 forks.in_child(_new_budget_in_child)
 
 
-class PendingStream:
-    """One stream counted among the process's streams before its span cache is made (at its
-    first read): ``withdraw`` (once, from any thread) when the cache counts it, or at close."""
-
-    def __init__(self, size: int) -> None:
-        self._process = _PROCESS  # (a forked child has a budget of its own)
-        self._lock = threading.Lock()
-        self._size = size
-        self._process.expect(size)
-
-    def withdraw(self) -> None:
-        with self._lock:
-            size, self._size = self._size, 0
-        if size:
-            self._process.expect(-size)
+def expect_stream(size: int) -> Expectation:
+    """A stream of ``size`` decompressed bytes counted among the process's streams before its
+    span cache counts it (at its first read): withdrawn then, or at close."""
+    return Expectation(_PROCESS, size)
 
 
 def kept_whole(cache: "SpanCache") -> bool:
