@@ -594,6 +594,9 @@ class RapidgzipReader(_GzipReader):
         offsets = decoder.block_offsets()
         end = (max(offsets) + 7) // 8 if offsets else 0
         if end < self.compressed_size:
+            # rapidgzip's offsets end at its last whole chunk: "stops at byte 0" for a file cut
+            # inside its first one. zlib says what happened, as for the other backend.
+            self._verify_with_zlib()
             raise TruncatedArchiveError(
                 f"{self.path}: gzip data is truncated (the deflate stream stops at byte {end} of "
                 f"{self.compressed_size})"
