@@ -50,8 +50,9 @@ class SeekPointSource(Protocol):
 
 
 class PlainFile(Protocol):
-    """The compressed file: ``io.readers.PlainFileReader``, or a ``FileWindow`` into an outer
-    uncompressed archive (``offset`` is where its byte 0 lies in ``fd``)."""
+    """The compressed file: ``io.readers.PlainFileReader``, a ``FileWindow`` into an outer
+    uncompressed archive (``offset`` is where its byte 0 lies in ``fd``), or a ``StreamWindow``
+    into an outer compressed one (``fd`` -1: read through ``pread`` only)."""
 
     fd: int
     size: int
@@ -133,6 +134,27 @@ class FdFile(io.RawIOBase):
 
     def tell(self) -> int:
         return self._pos - self._start
+
+
+class StreamFile(FdFile):
+    """``FdFile`` over a ``PlainFile`` without a descriptor (a compressed archive inside a
+    compressed one): reads go through its ``pread``."""
+
+    def __init__(self, plain: PlainFile, stats: ReaderStats, start: int = 0, end: Optional[int] = None) -> None:
+        super().__init__(-1, plain.size, stats, start, end)
+        self._plain = plain
+
+    def readinto(self, buffer: Any) -> int:
+        with memoryview(buffer) as view, view.cast("B") as flat:
+            want = min(len(flat), max(0, self._end - self._pos))
+            if want <= 0:
+                return 0
+            data = self._plain.pread(self._pos, want)
+            n = len(data)
+            flat[:n] = data
+        self._pos += n
+        self._stats.add_read(n)
+        return n
 
 
 def pack_seek_points(header: Dict[str, Any], payload: bytes = b"") -> List[bytes]:
@@ -322,6 +344,8 @@ class CompressedReader(ABC):
     # --- plumbing -----------------------------------------------------------------------------
     def open_raw(self, start: int = 0, end: Optional[int] = None) -> FdFile:
         """A fresh, independently positioned file object over (a range of) the compressed file."""
+        if self._plain.fd < 0:  # a window of a decompressed stream (``io.readers.StreamWindow``)
+            return StreamFile(self._plain, self.stats, start, end)
         base = self._plain.offset  # non-zero for a window into an outer archive
         return FdFile(
             self._plain.fd, base + self._plain.size, self.stats, base + start, None if end is None else base + end
@@ -334,7 +358,7 @@ class CompressedReader(ABC):
         ``FdFile`` over our window of the descriptor. ``/proc/self/fd/N`` names the open file
         itself, so a file replaced on disk meanwhile cannot be mixed up with ours."""
         fd_path = f"/proc/self/fd/{self._plain.fd}"
-        if self._plain.offset == 0 and os.path.exists(fd_path):
+        if self._plain.fd >= 0 and self._plain.offset == 0 and os.path.exists(fd_path):
             try:
                 if os.stat(fd_path).st_size == self._plain.size:
                     return fd_path

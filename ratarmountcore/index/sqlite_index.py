@@ -70,8 +70,13 @@ LIST_NAMES_AFTER_SQL = "SELECT name, mode, ino + 1 FROM files WHERE parent = ? A
 #: How what an index shows of archives inside the archive (-r) is decided; an index with such
 #: archives built by other rules is rebuilt (those without any serve as they are). 2: an
 #: archive's members are the rows its scan recorded, its own name holds its file when its folder
-#: has another, and a damaged one of which nothing could be read is a file (session 22).
-INNER_ARCHIVE_RULES = "2"
+#: has another, and a damaged one of which nothing could be read is a file (session 22). 3: a
+#: compressed archive inside a compressed stream is a folder too, where it was a file (session
+#: 45); an index of a compressed archive by older rules is rebuilt even without inner archives,
+#: since those it showed as files were not counted.
+INNER_ARCHIVE_RULES = "3"
+#: The rules from which a compressed archive in a compressed stream is a folder.
+COMPRESSED_IN_COMPRESSED_RULES = 3
 
 OPTION_DEFAULTS = {"strip_tar_extension": "0", "inner_archive_rules": "1"}
 
@@ -789,9 +794,22 @@ class IndexReader:
             no_inner = single or self.metadata.get("inner_archives") == "0"
             if key == "recursive" and (single or ((stored, value) == ("1", "0") and no_inner)):
                 continue  # one compressed file, or no member was an archive: the same rows either way
-            if key in ("strip_tar_extension", "inner_archive_rules") and no_inner:
-                continue  # no archive shown as a folder: no name to strip, no rules applied
+            if key == "inner_archive_rules" and no_inner and self._compressed_rules_apply(stored):
+                continue  # no archive shown as a folder, none left as a file: no rules applied
+            if key == "strip_tar_extension" and no_inner:
+                continue  # no archive shown as a folder: no name to strip
             raise OtherOptionsIndexError(option_difference(key, stored, value))
+
+    def _compressed_rules_apply(self, stored: Optional[str]) -> bool:
+        """Whether an index by inner-archive rules ``stored`` shows what the current rules show
+        when it has no inner archive: always for an uncompressed archive; for a compressed one
+        only from the rules on that look into compressed archives inside it."""
+        if self.metadata.get("format", "tar") in ("tar", "", None) or self.metadata.get("layout") == "single_file":
+            return True
+        try:
+            return int(stored or "1") >= COMPRESSED_IN_COMPRESSED_RULES
+        except ValueError:
+            return False
 
     # --- queries ------------------------------------------------------------------------------
     def lookup(self, parent: bytes, name: bytes) -> Optional[Row]:
@@ -860,11 +878,19 @@ class IndexReader:
         """``list_stats_after`` with (name, mode, ino) only."""
         return self._query(LIST_NAMES_AFTER_SQL, (parent, after, limit))  # type: ignore[no-any-return]
 
-    def nested_archive(self, row_id: int) -> Tuple[int, int, str]:
-        row = self._query("SELECT offset, size, format FROM nested_archives WHERE id = ?", (row_id,), one=True)
+    def nested_archive(self, row_id: int) -> Tuple[int, int, str, int]:
+        """(offset, size, format, source) of the compressed archive shown as folder ``row_id``:
+        it lies at ``offset`` of the stream of ``source`` (0: the archive itself, else the row
+        id of the compressed archive that holds it)."""
+        row = self._query(
+            "SELECT n.offset, n.size, n.format, f.source FROM nested_archives AS n JOIN files AS f ON f.id = n.id "
+            "WHERE n.id = ?",
+            (row_id,),
+            one=True,
+        )
         if row is None:
             raise InvalidIndexError(f"{self.path}: no nested archive with id {row_id}")
-        return int(row[0]), int(row[1]), str(row[2])
+        return int(row[0]), int(row[1]), str(row[2]), int(row[3])
 
     def seek_point_parts(self, backend: str) -> List[bytes]:
         rows = self._query("SELECT data FROM seek_points WHERE backend = ? ORDER BY part", (backend,))

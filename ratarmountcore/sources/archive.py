@@ -14,7 +14,6 @@ from ..compression.expected import METADATA_KEY, ExpectedStreams, parse_sizes
 from ..errors import (
     ArchiveError,
     IndexLocationFailedError,
-    InvalidIndexError,
     NotFoundError,
     RatarmountError,
     UnsupportedFormatError,
@@ -40,7 +39,7 @@ from ..index.sqlite_index import (
 )
 from ..io import forks
 from ..io.holes import Extents
-from ..io.readers import MemberFile, PlainFileReader, RandomAccessReader, preadinto, will_need
+from ..io.readers import MemberFile, PlainFileReader, RandomAccessReader, StreamWindow, preadinto, will_need
 from ..options import CompressionOptions, OpenOptions
 from ..tar.indexing import NamespacedSeekPoints, index_tar, open_nested_compressed
 from ..tar.sample import tell_member_size
@@ -352,17 +351,25 @@ class ArchiveSource(RenewedAfterFork, MountSource):
             will_need(self._reader, locator.offset, min(info.size, WILL_READ_BYTES))
 
     def _nested_reader(self, row_id: int) -> RandomAccessReader:
-        """The decompressor of a compressed archive inside this (uncompressed) one, made on first
-        use with its seek points from the index."""
+        """The decompressor of a compressed archive inside this one, made on first use with its
+        seek points from the index: over its bytes in the file, or, inside a compressed stream
+        (this archive's or an inner one's), over that stream's decoded bytes."""
+        reader = self._nested.get(row_id)
+        if reader is not None:
+            return reader
+        offset, size, fmt, parent = self._index.nested_archive(row_id)
+        outer = self._reader if parent == 0 else self._nested_reader(parent)  # (before the lock)
         with self._nested_lock:
             reader = self._nested.get(row_id)
             if reader is None:
-                offset, size, fmt = self._index.nested_archive(row_id)
-                if not isinstance(self._reader, PlainFileReader):
-                    raise InvalidIndexError(f"{self.path}: nested compressed archive in a compressed archive")
-                compressed = open_nested_compressed(
-                    self._reader.fd, offset, size, FormatId(fmt), f"{self.path}:#{row_id}", self._compression
-                )
+                label = f"{self.path}:#{row_id}"
+                if isinstance(outer, PlainFileReader):
+                    compressed = open_nested_compressed(outer.fd, offset, size, FormatId(fmt), label, self._compression)
+                else:
+                    from ..compression.registry import open_compressed
+
+                    window = StreamWindow(outer, offset, size, label)
+                    compressed = open_compressed(label, window, FormatId(fmt), self._compression)
                 compressed.import_seek_points(NamespacedSeekPoints(self._index, row_id))
                 self._nested[row_id] = reader = compressed
                 self._expected.opened(FormatId(fmt), size)

@@ -8,9 +8,9 @@ the inner archive's members, in the same persistent index, so the second mount n
 - A **compressed** inner tar (``class.tar.gz`` inside ``train.tar``) gets a decompressor over its
   bytes in the outer file. Its members' rows carry ``source`` = the folder's row id and offsets
   into that decompressed stream; the decompressor's seek points are stored under
-  ``<backend>@<row id>``. This needs the outer bytes to be on disk as they are, i.e. an
-  uncompressed chain of outer archives; a compressed archive inside a compressed archive stays a
-  file (logged).
+  ``<backend>@<row id>``. Inside a compressed stream (a ``.tar.bz2`` in a ``.tar.zst``, at any
+  depth) its bytes exist only decoded: the first pass indexes a temporary copy
+  (``tar/spool.py``), and reads go through the outer stream (``io.readers.StreamWindow``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
@@ -30,6 +31,7 @@ from ..io.readers import FileWindow, RandomAccessReader, ReaderStream
 from ..options import CompressionOptions
 from ..progress import Progress
 from .scanner import BLOCK, KIND_DIR, KIND_FILE, KIND_HARDLINK, MemberRecord, TarScanner
+from .spool import Spool, finish_spool, start_spool
 
 if TYPE_CHECKING:
     from ..compression.base import CompressedReader
@@ -188,7 +190,7 @@ def _scan(
             _descend(ctx, record, scan, folder_id, source)
             ctx.writer.end_archive_folder(folder_id)
         elif fmt in COMPRESSIONS:
-            _index_compressed_member(ctx, record, fmt, depth, source)
+            _index_compressed_member(ctx, record, fmt, depth, source, near, base)
         else:
             ctx.writer.add(record, source)
             ctx.count += 1
@@ -239,19 +241,63 @@ def _descend_compressed(
         _as_file(ctx, record, folder_id, source)
 
 
-def _index_compressed_member(ctx: _Context, record: MemberRecord, fmt: FormatId, depth: int, source: int) -> None:
-    if ctx.fd is None or source != 0:
-        logger.info("%s: %s is compressed inside a compressed archive; shown as a file", ctx.label, record.path)
-        ctx.writer.add(record, source)
-        ctx.count += 1
-        return
+def _index_compressed_member(
+    ctx: _Context,
+    record: MemberRecord,
+    fmt: FormatId,
+    depth: int,
+    source: int,
+    near: RandomAccessReader,
+    base: int,
+) -> None:
+    label = f"{ctx.label}:{record.path}"
+    spool: Optional[Spool] = None
+    if ctx.fd is not None and source == 0:
+        fd, offset = ctx.fd, record.offset_data  # its bytes are in the file as they are
+    else:  # inside a compressed stream: copied as the scan reaches it (``tar/spool.py``)
+        spool = start_spool(near, record.offset_data - base, record.size, os.path.dirname(ctx.writer.final_path), label)
+        if spool is None:
+            _add_as_file(ctx, record, source)
+            return
+        fd, offset = spool.fd, 0
+    try:
+        _index_compressed_at(ctx, record, fmt, depth, source, fd, offset, spool)
+    finally:
+        if spool is not None:
+            spool.close()
+
+
+def _add_as_file(ctx: _Context, record: MemberRecord, source: int) -> None:
+    ctx.writer.add(record, source)
+    ctx.count += 1
+
+
+def _open_inner(
+    ctx: _Context, record: MemberRecord, fmt: FormatId, fd: int, offset: int
+) -> Optional["CompressedReader"]:
     label = f"{ctx.label}:{record.path}"
     try:
-        reader = open_nested_compressed(ctx.fd, record.offset_data, record.size, fmt, label, ctx.compression)
+        return open_nested_compressed(fd, offset, record.size, fmt, label, ctx.compression)
     except RatarmountError as exc:
         logger.warning("%s: cannot open inner archive (%s); shown as a file", label, exc)
-        ctx.writer.add(record, source)
-        ctx.count += 1
+        return None
+
+
+def _index_compressed_at(
+    ctx: _Context,
+    record: MemberRecord,
+    fmt: FormatId,
+    depth: int,
+    source: int,
+    fd: int,
+    offset: int,
+    spool: Optional[Spool],
+) -> None:
+    """Index the compressed member ``record``, whose bytes are at ``offset`` of ``fd`` (all of
+    them, or the first piece of a ``spool``), as a folder if it holds a tar."""
+    reader = _open_inner(ctx, record, fmt, fd, offset)
+    if reader is None:
+        _add_as_file(ctx, record, source)
         return
     try:
         try:
@@ -259,22 +305,33 @@ def _index_compressed_member(ctx: _Context, record: MemberRecord, fmt: FormatId,
         except (RatarmountError, OSError):
             is_tar = False
         if not is_tar:  # e.g. a .csv.gz: keep the member as it is
-            ctx.writer.add(record, source)
-            ctx.count += 1
+            _add_as_file(ctx, record, source)
             return
+        if spool is not None and not spool.complete:
+            reader.close()  # (it saw a part of the file: sizes and tables are read anew)
+            reader = None
+            if not finish_spool(spool):
+                _add_as_file(ctx, record, source)
+                return
+            reader = _open_inner(ctx, record, fmt, fd, offset)
+            if reader is None:
+                _add_as_file(ctx, record, source)
+                return
         folder_id = ctx.writer.add_archive_folder(_as_folder(record), source, file=record)
         ctx.archives += 1
         ctx.count += 1
         ctx.writer.add_nested_archive(folder_id, record.offset_data, record.size, fmt.value)
+        inner = reader
 
         def scan() -> None:
-            with reader.explained_failures(), reader.first_pass() as scan_reader:  # (the hint, as at the top)
+            with inner.explained_failures(), inner.first_pass() as scan_reader:  # (the hint, as at the top)
                 _scan(ctx, scan_reader, None, record.path, 0, depth + 1, folder_id)
-            reader.export_seek_points(NamespacedSeekPoints(ctx.writer, folder_id))
+            inner.export_seek_points(NamespacedSeekPoints(ctx.writer, folder_id))
             compressed, decoded = ctx.decoded.get(fmt.value, (0, 0))
-            ctx.decoded[fmt.value] = (compressed + record.size, decoded + reader.size)
+            ctx.decoded[fmt.value] = (compressed + record.size, decoded + inner.size)
 
         _descend_compressed(ctx, record, scan, folder_id, source)
         ctx.writer.end_archive_folder(folder_id)
     finally:
-        reader.close()
+        if reader is not None:
+            reader.close()

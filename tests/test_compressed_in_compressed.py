@@ -1,0 +1,188 @@
+"""Compressed archives inside compressed archives (``-r``): a .tar.bz2 inside a .tar.zst was
+shown as a file, since its bytes are not on disk as they are. The first pass now indexes a
+temporary copy of them (``tar/spool.py``) and reads go through the outer stream
+(``io.readers.StreamWindow``), at any depth."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import random
+import sqlite3
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Dict
+
+import pytest
+from conftest import Mounter, tar_bytes
+
+import ratarmountcore
+from ratarmountcore.errors import CorruptDataError
+from ratarmountcore.options import IndexOptions, OpenOptions
+from ratarmountcore.tar import spool
+
+TOOLS = {"gz": "gzip", "bz2": "bzip2", "xz": "xz", "zst": "zstd"}
+FRESH = OpenOptions(index=IndexOptions(index_folders=("",), recreate=True, progress=False), recursive=True)
+AGAIN = OpenOptions(index=IndexOptions(index_folders=("",), progress=False), recursive=True)
+
+
+def compress(data: bytes, suffix: str) -> bytes:
+    command = [TOOLS[suffix], "-c"] + (["-q"] if suffix == "zst" else [])
+    return subprocess.run(command, input=data, capture_output=True, check=True).stdout
+
+
+def class_files(seed: int, count: int = 6) -> Dict[str, bytes]:
+    rng = random.Random(seed)
+    return {
+        f"img{i}.JPEG": rng.randbytes(rng.randint(100, 9000)) + b"jpeg " * rng.randint(0, 500) for i in range(count)
+    }
+
+
+def read_all(src: ratarmountcore.MountSource) -> Dict[str, bytes]:
+    found = {}
+    for folder, _dirs, files in src.walk("/"):
+        for name in files:
+            path = folder.rstrip("/") + "/" + name
+            found[path] = src.read(path)
+    return found
+
+
+@pytest.mark.parametrize("outer", sorted(TOOLS))
+def test_every_codec_inside_every_codec(tmp_path: Path, outer: str) -> None:
+    """Outer .tar.<outer> holding a class archive in each codec and a compressed member that
+    is no archive; the second open serves everything from the index (not rebuilt)."""
+    classes = {suffix: class_files(n) for n, suffix in enumerate(sorted(TOOLS))}
+    members = {
+        f"train/c_{suffix}.tar.{suffix}": compress(tar_bytes(files), suffix) for suffix, files in classes.items()
+    }
+    members["train/notes.txt.gz"] = compress(b"not a tar " * 100, "gz")
+    members["README"] = b"outer"
+    archive = tmp_path / f"outer.tar.{outer}"
+    archive.write_bytes(compress(tar_bytes(members), outer))
+    expected = {"/README": b"outer", "/train/notes.txt.gz": members["train/notes.txt.gz"]}
+    for suffix, files in classes.items():
+        expected.update({f"/train/c_{suffix}.tar.{suffix}/{name}": data for name, data in files.items()})
+    index = Path(f"{archive}.index.sqlite")
+    with ratarmountcore.open(str(archive), FRESH) as src:
+        assert read_all(src) == expected
+        assert src.is_dir(f"/train/c_{outer}.tar.{outer}") and src.info("/train/notes.txt.gz").is_file
+    built = index.stat().st_mtime_ns
+    with ratarmountcore.open(str(archive), AGAIN) as src:
+        # Backwards, so that each read goes to the outer stream at another place.
+        for path in sorted(expected, reverse=True):
+            assert src.read(path) == expected[path], path
+    assert index.stat().st_mtime_ns == built
+    assert sorted(p.name for p in tmp_path.iterdir()) == [archive.name, index.name]  # no copy left
+
+
+def test_three_levels_of_compression(tmp_path: Path) -> None:
+    """A .tar.gz inside a .tar.bz2 inside a .tar.zst, next to an uncompressed tar in the middle
+    one: rows at each level, reads through two decoded streams."""
+    leaf = class_files(7, 4)
+    middle = {"deep.tar.gz": compress(tar_bytes(leaf), "gz"), "plain.tar": tar_bytes({"p.txt": b"plain"})}
+    archive = tmp_path / "top.tar.zst"
+    archive.write_bytes(compress(tar_bytes({"mid.tar.bz2": compress(tar_bytes(middle), "bz2")}), "zst"))
+    expected = {f"/mid.tar.bz2/deep.tar.gz/{name}": data for name, data in leaf.items()}
+    expected["/mid.tar.bz2/plain.tar/p.txt"] = b"plain"
+    for options in (FRESH, AGAIN):
+        with ratarmountcore.open(str(archive), options) as src:
+            assert read_all(src) == expected
+
+
+def test_through_fuse(mounter: Mounter, tmp_path: Path) -> None:
+    files = class_files(3, 20)
+    archive = tmp_path / "outer.tar.zst"
+    archive.write_bytes(compress(tar_bytes({"cls.tar.bz2": compress(tar_bytes(files), "bz2")}), "zst"))
+    for _mount in range(2):  # the second mount from the index
+        mnt = mounter.mount(archive, extra=["-r"])
+        assert sorted(os.listdir(mnt / "cls.tar.bz2")) == sorted(files)
+        for name, data in files.items():
+            assert (mnt / "cls.tar.bz2" / name).read_bytes() == data
+        mounter.unmount(mnt)
+
+
+def test_no_room_for_the_copy_shows_the_archive_as_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    inner = compress(tar_bytes(class_files(1)), "gz")
+    archive = tmp_path / "outer.tar.xz"
+    archive.write_bytes(compress(tar_bytes({"c.tar.gz": inner, "after.txt": b"after"}), "xz"))
+
+    def full(*_args: object, **_kwargs: object) -> object:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", full)
+    with caplog.at_level(logging.WARNING), ratarmountcore.open(str(archive), FRESH) as src:
+        assert src.info("/c.tar.gz").is_file and src.read("/c.tar.gz") == inner
+        assert src.read("/after.txt") == b"after"
+    assert "c.tar.gz: no temporary copy" in caplog.text and "No space left on device" in caplog.text
+
+
+def test_a_copy_that_fills_the_disk_halfway_shows_the_archive_as_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first piece fits, the rest does not: the member stays a file, nothing is left."""
+    rng = random.Random(5)
+    inner = compress(tar_bytes({"big.bin": rng.randbytes(3 * spool.PIECE)}), "gz")
+    archive = tmp_path / "outer.tar.zst"
+    archive.write_bytes(compress(tar_bytes({"c.tar.gz": inner, "after.txt": b"after"}), "zst"))
+    real_copy = spool.Spool.copy
+
+    def copy(self: spool.Spool, limit: object = None) -> bool:
+        if limit is None:
+            raise spool.SpoolError(OSError(errno.ENOSPC, "full"))
+        return real_copy(self, limit)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(spool.Spool, "copy", copy)
+    with caplog.at_level(logging.WARNING), ratarmountcore.open(str(archive), FRESH) as src:
+        assert src.info("/c.tar.gz").is_file and src.read("/c.tar.gz") == inner
+        assert src.read("/after.txt") == b"after"
+    assert "c.tar.gz: no temporary copy" in caplog.text and "No space left on device" in caplog.text
+
+
+def test_damage_in_the_outer_stream_is_the_outer_archives(tmp_path: Path) -> None:
+    """Bad data of the outer stream met while copying an inner archive fails the outer
+    archive (it is not taken for the inner archive's damage, nor for a full disk)."""
+    rng = random.Random(9)
+    inner = compress(tar_bytes({"x.bin": rng.randbytes(200_000)}), "gz")
+    plain = tar_bytes({"c.tar.gz": inner})
+    data = bytearray(compress(plain, "bz2"))
+    data[len(data) // 2] ^= 0x40
+    archive = tmp_path / "outer.tar.bz2"
+    archive.write_bytes(bytes(data))
+    with pytest.raises(CorruptDataError, match="outer.tar.bz2"):
+        with ratarmountcore.open(str(archive), FRESH):
+            pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == [archive.name]  # no index, no copy
+
+
+def test_a_damaged_inner_archive_in_a_compressed_one_is_the_file_it_is(tmp_path: Path) -> None:
+    inner = bytearray(compress(tar_bytes({"m.txt": bytes(range(256)) * 400, "n.txt": os.urandom(5000)}), "bz2"))
+    inner[len(inner) // 2] ^= 0x10
+    archive = tmp_path / "outer.tar.gz"
+    archive.write_bytes(compress(tar_bytes({"in.tar.bz2": bytes(inner), "after.txt": b"after"}), "gz"))
+    for options in (FRESH, AGAIN):
+        with ratarmountcore.open(str(archive), options) as src:
+            assert src.info("/in.tar.bz2").is_file and src.read("/in.tar.bz2") == bytes(inner)
+            assert src.read("/after.txt") == b"after"
+
+
+def test_an_index_of_a_compressed_archive_by_older_rules_is_rebuilt(tmp_path: Path) -> None:
+    """An index built before showed the inner .tar.gz as a file and counted no inner archive;
+    it is rebuilt once (an uncompressed archive's index without inner archives is not)."""
+    files = class_files(2)
+    archive = tmp_path / "outer.tar.zst"
+    archive.write_bytes(compress(tar_bytes({"c.tar.gz": compress(tar_bytes(files), "gz")}), "zst"))
+    index = Path(f"{archive}.index.sqlite")
+    with ratarmountcore.open(str(archive), AGAIN):
+        pass
+    with sqlite3.connect(index) as conn:  # as the rules before made it
+        conn.execute("UPDATE metadata SET value = '2' WHERE key = 'inner_archive_rules'")
+        conn.execute("UPDATE metadata SET value = '0' WHERE key = 'inner_archives'")
+    conn.close()
+    built = index.stat().st_mtime_ns
+    with ratarmountcore.open(str(archive), AGAIN) as src:
+        assert src.read("/c.tar.gz/img0.JPEG") == files["img0.JPEG"]
+    assert index.stat().st_mtime_ns != built
