@@ -833,6 +833,35 @@ def test_a_recursive_conversion_opens_recursively_without_rescan(
             assert f.read() == b"hello\n"
 
 
+def test_a_recursive_conversion_keeps_compressed_inner_archives_as_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In the converter's output (a .tar.zst) a .tar.gz or .tar.bz2 member is a compressed
+    archive inside a compressed one: its index shows it as a folder, as a mount of the output
+    does, and the first mount uses that index as it is."""
+    files = {f"f{i}": os.urandom(3000) + b"text " * i for i in range(12)}
+    members = {"c.tar.gz": gzip.compress(tar_bytes(files)), "d.tar.bz2": bz2.compress(tar_bytes(files)), "b": b"x"}
+    outer = tmp_path / "outer.tar"
+    outer.write_bytes(tar_bytes(members))
+    out = tmp_path / "o.tar.zst"
+    recursive = dataclasses.replace(options(), recursive=True)
+    convert_to_seekable_zstd(str(outer), str(out), frame_size=16 * 1024, options=recursive)
+    with open(out, "rb") as f:
+        assert (
+            subprocess.run(["zstd", "-d", "-c"], stdin=f, capture_output=True, check=True).stdout == outer.read_bytes()
+        )
+
+    import ratarmountcore.index.builder as builder
+
+    monkeypatch.setattr(builder, "IndexWriter", _no_rebuild)
+    with ratarmountcore.open(str(out), recursive) as src:
+        for folder in ("/c.tar.gz", "/d.tar.bz2"):
+            assert src.is_dir(folder) and src.listdir(folder) == sorted(files)
+            for name, data in files.items():
+                assert src.read(f"{folder}/{name}") == data
+        assert src.read("/b") == b"x"
+
+
 def test_converter_single_file_and_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from ratarmount.convert_cli import main
 
