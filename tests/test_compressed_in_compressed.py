@@ -186,3 +186,34 @@ def test_an_index_of_a_compressed_archive_by_older_rules_is_rebuilt(tmp_path: Pa
     with ratarmountcore.open(str(archive), AGAIN) as src:
         assert src.read("/c.tar.gz/img0.JPEG") == files["img0.JPEG"]
     assert index.stat().st_mtime_ns != built
+
+
+def test_forked_workers_read_through_their_own_outer_stream(tmp_path: Path) -> None:
+    """A DataLoader's workers: the parent read members of the inner archive (its decompressors
+    exist), the children read others through decompressors of their own."""
+    import hashlib
+    import multiprocessing
+
+    files = class_files(4, 16)
+    archive = tmp_path / "outer.tar.xz"
+    archive.write_bytes(compress(tar_bytes({"c.tar.gz": compress(tar_bytes(files), "gz")}), "xz"))
+    names = sorted(files)
+    with ratarmountcore.open(str(archive), FRESH) as src:
+        assert src.read(f"/c.tar.gz/{names[0]}") == files[names[0]]
+        _FORKED["source"] = src
+        try:
+            with multiprocessing.get_context("fork").Pool(2) as pool:
+                found = dict(pool.map_async(_digest, names, chunksize=4).get(timeout=120))
+        finally:
+            _FORKED.clear()
+        assert found == {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+        assert src.read(f"/c.tar.gz/{names[-1]}") == files[names[-1]]  # the parent's still work
+
+
+_FORKED: Dict[str, ratarmountcore.MountSource] = {}
+
+
+def _digest(name: str) -> tuple:  # type: ignore[type-arg]
+    import hashlib
+
+    return name, hashlib.sha256(_FORKED["source"].read(f"/c.tar.gz/{name}")).hexdigest()

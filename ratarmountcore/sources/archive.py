@@ -391,7 +391,9 @@ class ArchiveSource(RenewedAfterFork, MountSource):
 
     def _close_inner(self) -> None:
         with self._nested_lock:
-            for nested in self._nested.values():
+            # The innermost first: a decompressor inside a compressed inner archive reads (in
+            # its own threads too) through the one that holds it, made and listed before it.
+            for nested in reversed(list(self._nested.values())):
                 nested.close()
             self._nested.clear()
             self._expected.withdraw()
