@@ -14,6 +14,7 @@ from ..compression.expected import METADATA_KEY, ExpectedStreams, parse_sizes
 from ..errors import (
     ArchiveError,
     IndexLocationFailedError,
+    InvalidIndexError,
     NotFoundError,
     RatarmountError,
     UnsupportedFormatError,
@@ -358,6 +359,8 @@ class ArchiveSource(RenewedAfterFork, MountSource):
         if reader is not None:
             return reader
         offset, size, fmt, parent = self._index.nested_archive(row_id)
+        if parent >= row_id:  # (an archive's rows follow the row of the archive holding it)
+            raise InvalidIndexError(f"{self.path}: nested archive {row_id} inside {parent}; rebuild the index")
         outer = self._reader if parent == 0 else self._nested_reader(parent)  # (before the lock)
         with self._nested_lock:
             reader = self._nested.get(row_id)
