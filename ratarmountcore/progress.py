@@ -63,9 +63,12 @@ class Progress:
             width = 30
             bar = "#" * int(fraction * width) + "-" * (width - int(fraction * width))
             eta = (elapsed / fraction - elapsed) if fraction > 0 else 0
+            # All of the file read while the work goes on (archives inside it being indexed from
+            # a copy): no time left to promise.
+            left = f", ~{eta:.0f}s left" if fraction < 1 else ""
             text = (
                 f"\r{self.label}: [{bar}] {fraction * 100:5.1f}% {self._amount(position)}/{self._amount(self.total)}"
-                f"{unit} {members}{elapsed:.0f}s elapsed, ~{eta:.0f}s left "
+                f"{unit} {members}{elapsed:.0f}s elapsed{left} "
             )
         else:
             if position == 1:

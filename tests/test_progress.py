@@ -33,6 +33,34 @@ def test_a_position_past_the_total_is_shown_as_the_total() -> None:
     assert "100.0% 3.5 MiB/3.5 MiB 20 members" in terminal.getvalue().rpartition("\r")[2]
 
 
+def test_an_inner_archive_scanned_after_the_whole_file_was_read_moves_the_count_not_the_time_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A .tar.gz inside a .tar.zst is copied as the scan reaches it, then scanned from the copy:
+    the bar stood still (no member of the outer archive came) and then said "~0s left" for
+    the whole scan of the inner one. Its members move the bar now, with no time promised."""
+    import subprocess
+
+    inner = tar_bytes({f"m{i:05}": b"x" * (i % 7) for i in range(3000)})
+    gz = subprocess.run(["gzip", "-c"], input=inner, capture_output=True, check=True).stdout
+    archive = tmp_path / "outer.tar.zst"
+    archive.write_bytes(
+        subprocess.run(["zstd", "-c", "-q"], input=tar_bytes({"c.tar.gz": gz}), capture_output=True, check=True).stdout
+    )
+    terminal = Terminal()
+    monkeypatch.setattr("ratarmountcore.progress.time.monotonic", functools.partial(next, iter(range(1, 1 << 30))))
+    from ratarmountcore.tar import indexing
+
+    monkeypatch.setattr(indexing, "Progress", functools.partial(Progress, stream=terminal))
+    options = OpenOptions(index=IndexOptions(index_folders=("",), progress=True), recursive=True)
+    with ratarmountcore.open(str(archive), options) as src:
+        assert len(src.listdir("/c.tar.gz")) == 3000
+    drawn = [line for line in terminal.getvalue().split("\r") if line.startswith("Indexing")]
+    counts = [int(line.split(" members")[0].rsplit(" ", 1)[1].replace(",", "")) for line in drawn if " members" in line]
+    assert max(counts) >= 2048, drawn  # the inner archive's members, counted as they come
+    assert not [line for line in drawn if "100.0%" in line and "left" in line], drawn
+
+
 def test_nothing_is_drawn_where_stderr_is_not_a_terminal() -> None:
     stream = io.StringIO()
     bar = Progress("Indexing a.tar", 1000, stream=stream)

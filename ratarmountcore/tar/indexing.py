@@ -100,6 +100,12 @@ class _Context:
     #: Compressed and decompressed bytes of the compressed inner archives, by format
     #: (``compression/expected.py``).
     decoded: Dict[str, Tuple[int, int]] = field(default_factory=dict)
+    #: Where the top-level member being descended into starts: the progress of inner scans and
+    #: copies (a compressed top-level stream's bar shows its compressed bytes read instead).
+    position: int = 0
+
+    def inner_progress(self, _position: int = 0) -> None:
+        self.on_progress(self.position)
 
 
 def _as_folder(record: MemberRecord, strip: bool = False) -> MemberRecord:
@@ -159,7 +165,7 @@ def _scan(
     # in (or go on from) the window that the header was read from, and reads behind where its
     # decoder stands may decode a frame again from its start: read through the window.
     near: RandomAccessReader = reader if plain else stream
-    progress = ctx.on_progress if depth == 0 else None
+    progress = ctx.on_progress if depth == 0 else ctx.inner_progress  # (a long inner scan moves the bar too)
     add = ctx.writer.add
     descend = ctx.recursive and depth < MAX_DEPTH
     # An inner tar is a window of the outer stream: a member running past the window's end is
@@ -178,6 +184,8 @@ def _scan(
             add(record, source)
             ctx.count += 1
             continue
+        if not depth:
+            ctx.position = record.offset_data
         head = near.pread(record.offset_data - base, min(BLOCK, record.size))
         fmt = sniff_bytes(head)
         if fmt is FormatId.TAR and record.size >= 2 * BLOCK and head != b"\0" * BLOCK:
@@ -255,7 +263,8 @@ def _index_compressed_member(
     if ctx.fd is not None and source == 0:
         fd, offset = ctx.fd, record.offset_data  # its bytes are in the file as they are
     else:  # inside a compressed stream: copied as the scan reaches it (``tar/spool.py``)
-        spool = start_spool(near, record.offset_data - base, record.size, os.path.dirname(ctx.writer.final_path), label)
+        folder = os.path.dirname(ctx.writer.final_path)
+        spool = start_spool(near, record.offset_data - base, record.size, folder, label, ctx.inner_progress)
         if spool is None:
             _add_as_file(ctx, record, source)
             return

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from typing import IO, Optional
+from typing import IO, Callable, Optional
 
 from ..io.readers import RandomAccessReader
 
@@ -48,13 +48,22 @@ def _failed(label: str, folder: str, why: object) -> None:
 class Spool:
     """``size`` bytes at ``offset`` of ``source`` being copied to an unnamed file in ``folder``."""
 
-    def __init__(self, source: RandomAccessReader, offset: int, size: int, folder: str, label: str) -> None:
+    def __init__(
+        self,
+        source: RandomAccessReader,
+        offset: int,
+        size: int,
+        folder: str,
+        label: str,
+        on_piece: Optional[Callable[[], None]] = None,
+    ) -> None:
         self._source = source
         self._offset = offset
         self.size = size
         self.label = label
         self.folder = folder
         self.copied = 0
+        self._on_piece = on_piece
         self._file: Optional[IO[bytes]] = tempfile.TemporaryFile(dir=folder or ".")
 
     @property
@@ -80,6 +89,8 @@ class Spool:
             except OSError as exc:  # (the outer stream's errors, OSErrors too, go on as they are)
                 raise SpoolError(exc) from exc
             self.copied += len(data)
+            if self._on_piece is not None:
+                self._on_piece()
         try:
             self._file.flush()
         except OSError as exc:
@@ -92,11 +103,19 @@ class Spool:
             self._file = None
 
 
-def start_spool(source: RandomAccessReader, offset: int, size: int, folder: str, label: str) -> Optional[Spool]:
+def start_spool(
+    source: RandomAccessReader,
+    offset: int,
+    size: int,
+    folder: str,
+    label: str,
+    on_piece: Optional[Callable[[], None]] = None,
+) -> Optional[Spool]:
     """A ``Spool`` holding the first ``PIECE`` bytes, or None (logged) when no copy can be made
-    (no room, no such folder): the inner archive is then shown as the file it is."""
+    (no room, no such folder): the inner archive is then shown as the file it is.
+    ``on_piece``: called after each piece copied (the progress bar)."""
     try:
-        spool = Spool(source, offset, size, folder, label)
+        spool = Spool(source, offset, size, folder, label, on_piece)
     except OSError as exc:
         _failed(label, folder, os.strerror(exc.errno) if exc.errno else exc)
         return None
