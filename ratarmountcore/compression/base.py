@@ -276,6 +276,10 @@ class CompressedReader(ABC):
         (``spans.kept_whole``, ``FrameCache.files``) from now on, not only from its first read
         (``MountSource.count_before_reads``: a folder's archives, a union's that show files)."""
 
+    def serves_nested(self) -> None:  # noqa: B027 - a hint, ignored by default
+        """A hint, before reads: the stream holds compressed archives (nearly) only, whose own
+        decoders read it and keep what they decode; caching it as well would take their room."""
+
     def suggest_member_size(self, size: int) -> None:
         """Before the first scan: the typical size of the archive's members (a sample of the
         first ones), for backends whose seek points are worth placing by it."""

@@ -200,6 +200,8 @@ class PooledReader(CompressedReader):
         #: (``count_before_reads``); it and ``_spans`` are set under ``_pending_lock``.
         self._pending: Optional[Expectation] = None
         self._pending_lock = threading.Lock()
+        #: The stream holds compressed archives only (``serves_nested``), set before its cache.
+        self._transit = False
         #: The thread decoding the whole stream into the span cache (see ``_warm_all``), or its
         #: job in the queue of several readers; False once it was decided that there is none.
         self._warm: Union[None, bool, threading.Thread, _WarmJob] = None
@@ -441,16 +443,26 @@ class PooledReader(CompressedReader):
     def _make_spans(self, starts: Optional[List[int]], size: int) -> None:
         """The span cache, which counts the stream from now on (``count_before_reads``'s count
         is withdrawn)."""
-        cache = optional_cache(starts, size, self.options.cache_size)
+        cache = optional_cache(starts, size, self.options.cache_size, self._transit)
         with self._pending_lock:
             self._spans = cache
             pending = self._pending if cache is not None else None
         if pending is not None:
             pending.withdraw()
 
+    def serves_nested(self) -> None:
+        with self._finish_lock, self._pending_lock:
+            self._transit = True
+            pending, self._pending = self._pending, None
+            spans, self._spans, self._spans_asked = self._spans, None, False  # (made anew)
+        if pending is not None:
+            pending.withdraw()
+        if spans is not None:
+            spans.close()
+
     def count_before_reads(self) -> None:
         size = self._size
-        if size is None or self.options.cache_size <= 0 or self._payload_loader is None:
+        if size is None or self.options.cache_size <= 0 or self._payload_loader is None or self._transit:
             return  # (not indexed yet: the first pass's end would make it count)
         with self._pending_lock:
             if self._spans is None and self._pending is None:

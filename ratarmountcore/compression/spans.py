@@ -48,6 +48,9 @@ Decode = Callable[[int, int, int], bytes]
 #: Larger sets (ImageNet's 1,000 class .tar.gz, 140 GB) keep the bound: there, more memory
 #: would buy no hits.
 GROWTH = 3
+#: What the cache of a stream that only holds compressed archives keeps (``transit``; its own
+#: larger spans aside): their decoders read its spans in pieces, each span once per decode.
+TRANSIT_LIMIT = 4 << 20
 
 
 class _ProcessBudget(Competition):
@@ -162,8 +165,12 @@ def shares_beyond_budget(cache: "SpanCache") -> bool:
 
 
 class SpanCache:
-    def __init__(self, starts: List[int], size: int, capacity: int) -> None:
-        """``starts``: decompressed offsets of the seek points; ``size``: decompressed size."""
+    def __init__(self, starts: List[int], size: int, capacity: int, transit: bool = False) -> None:
+        """``starts``: decompressed offsets of the seek points; ``size``: decompressed size.
+        ``transit``: the stream holds compressed archives (nearly) only, read by their own
+        decoders, whose caches keep what they decode (``CompressedReader.serves_nested``): it
+        keeps a few spans and does not count among the streams that compete for the process's
+        bound (a .tar.gz of 100 class .tar.gz counted twice, the bound held a third of them)."""
         points = sorted({s for s in starts if 0 <= s < size} | {0})
         self._starts = points
         self._ends = points[1:] + [size]
@@ -172,10 +179,15 @@ class SpanCache:
         #: What this cache keeps: its capacity, or all of its stream when that is at most
         #: ``GROWTH`` times it (the process's bound decides among several streams).
         self.limit = size if size <= GROWTH * capacity else capacity
+        counted = size
+        if transit:
+            largest = max(e - s for s, e in zip(self._starts, self._ends))
+            self.limit = min(self.limit, max(TRANSIT_LIMIT, 2 * largest))
+            counted = 0
         _PROCESS.budget = max(_PROCESS.budget, capacity)
-        _PROCESS.stream_opened(size)
+        _PROCESS.stream_opened(counted)
         #: Takes the stream out of the process's sum (once: at ``close`` or when collected).
-        self._uncount = weakref.finalize(self, _PROCESS.stream_closed, size)
+        self._uncount = weakref.finalize(self, _PROCESS.stream_closed, counted)
         #: Spans longer than this are not cached (the caller reads them directly).
         self.max_span = max(1, capacity // 4)
         self._all_cacheable = max(e - s for s, e in zip(self._starts, self._ends)) <= self.max_span
@@ -359,7 +371,7 @@ class SpanCache:
         return self._bytes
 
 
-def optional_cache(starts: Optional[List[int]], size: int, capacity: int) -> Optional[SpanCache]:
+def optional_cache(starts: Optional[List[int]], size: int, capacity: int, transit: bool = False) -> Optional[SpanCache]:
     if not starts or capacity <= 0:
         return None
-    return SpanCache(starts, size, capacity)
+    return SpanCache(starts, size, capacity, transit)

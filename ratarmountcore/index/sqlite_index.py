@@ -892,6 +892,17 @@ class IndexReader:
             raise InvalidIndexError(f"{self.path}: no nested archive with id {row_id}")
         return int(row[0]), int(row[1]), str(row[2]), int(row[3])
 
+    def nested_bytes(self) -> int:
+        """The compressed bytes of the compressed archives that lie in the archive's own stream
+        (not inside an inner archive)."""
+        row = self._query(
+            "SELECT COALESCE(SUM(n.size), 0) FROM nested_archives AS n JOIN files AS f ON f.id = n.id "
+            "WHERE f.source = 0",
+            (),
+            one=True,
+        )
+        return int(row[0]) if row else 0
+
     def seek_point_parts(self, backend: str) -> List[bytes]:
         rows = self._query("SELECT data FROM seek_points WHERE backend = ? ORDER BY part", (backend,))
         return [row[0] for row in rows]

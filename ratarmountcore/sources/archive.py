@@ -105,6 +105,11 @@ def _version_info(row: Row) -> FileInfo:
     return info._replace(ino=0) if info.is_dir else info
 
 
+#: The share of a compressed archive's stream that compressed archives in it hold from which
+#: its reader is told that it serves them (``CompressedReader.serves_nested``).
+TRANSIT_SHARE = 0.9
+
+
 class ArchiveSource(RenewedAfterFork, MountSource):
     """Members of one archive. Lookups are indexed SQLite queries (one connection per thread);
     reads go through the shared, thread-safe ``RandomAccessReader``.
@@ -152,6 +157,10 @@ class ArchiveSource(RenewedAfterFork, MountSource):
         #: The inner compressed archives' streams, counted by the caches before they are opened.
         self._expected = ExpectedStreams(parse_sizes(index.metadata.get(METADATA_KEY)))
         self._folder_rows = FolderRows(index.list, max_rows=4096)
+        if isinstance(reader, CompressedReader) and index.metadata.get("inner_archives", "0") != "0":
+            nested = index.nested_bytes()
+            if nested and nested >= TRANSIT_SHARE * reader.size:
+                reader.serves_nested()
 
     def _parent_objects(self) -> Tuple[object, ...]:
         return (self._reader, self._index, self._watch, self._nested, self._expected, self._folder_rows)
