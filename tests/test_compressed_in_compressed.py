@@ -5,6 +5,7 @@ temporary copy of them (``tar/spool.py``) and reads go through the outer stream
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -13,14 +14,14 @@ import sqlite3
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List
 
 import pytest
 from conftest import Mounter, tar_bytes
 
 import ratarmountcore
 from ratarmountcore.errors import CorruptDataError
-from ratarmountcore.options import IndexOptions, OpenOptions
+from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
 from ratarmountcore.tar import spool
 
 TOOLS = {"gz": "gzip", "bz2": "bzip2", "xz": "xz", "zst": "zstd"}
@@ -217,3 +218,42 @@ def _digest(name: str) -> tuple:  # type: ignore[type-arg]
     import hashlib
 
     return name, hashlib.sha256(_FORKED["source"].read(f"/c.tar.gz/{name}")).hexdigest()
+
+
+@pytest.mark.parametrize("outer", sorted(TOOLS))
+def test_threads_read_all_codecs_inside_at_once(tmp_path: Path, outer: str) -> None:
+    """FUSE's worker threads: decoders of inner archives of every codec read the outer stream
+    at the same time (rapidgzip from threads of its own, through Python), with a cache small
+    enough that spans are decoded again while others read."""
+    import threading
+
+    rng = random.Random(21)
+    classes = {}
+    members = {}
+    for c, inner in enumerate(sorted(TOOLS) * 2):
+        files = {f"{i}.bin": rng.randbytes(rng.randint(100, 40000)) for i in range(10)}
+        classes[f"c{c}.tar.{inner}"] = files
+        members[f"c{c}.tar.{inner}"] = compress(tar_bytes(files), inner)
+    archive = tmp_path / f"o.tar.{outer}"
+    archive.write_bytes(compress(tar_bytes(members), outer))
+    options = dataclasses.replace(AGAIN, compression=CompressionOptions(cache_size=256 * 1024))
+    with ratarmountcore.open(str(archive), options):
+        pass
+    wrong: List[str] = []
+    with ratarmountcore.open(str(archive), options) as src:
+        todo = [f"/{name}/{file}" for name, files in classes.items() for file in files] * 2
+        rng.shuffle(todo)
+
+        def work(paths: List[str]) -> None:
+            for path in paths:
+                _, name, file = path.split("/")
+                if src.read(path) != classes[name][file]:
+                    wrong.append(path)
+
+        threads = [threading.Thread(target=work, args=(todo[i::4],)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not any(thread.is_alive() for thread in threads)
+    assert not wrong
