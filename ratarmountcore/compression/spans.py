@@ -180,6 +180,7 @@ class SpanCache:
         #: ``GROWTH`` times it (the process's bound decides among several streams).
         self.limit = size if size <= GROWTH * capacity else capacity
         counted = size
+        self.transit = transit
         if transit:
             largest = max(e - s for s, e in zip(self._starts, self._ends))
             self.limit = min(self.limit, max(TRANSIT_LIMIT, 2 * largest))
@@ -294,7 +295,8 @@ class SpanCache:
                 evicted.append(old_start)
         event.set()
         _PROCESS.forget(self, evicted)
-        _PROCESS.add(self, start, len(data))
+        if not self.transit:
+            _PROCESS.add(self, start, len(data))
         return data
 
     def _keep(self, start: int, data: bytes, whole: bool) -> None:
