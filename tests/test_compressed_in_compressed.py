@@ -257,3 +257,21 @@ def test_threads_read_all_codecs_inside_at_once(tmp_path: Path, outer: str) -> N
             thread.join(120)
         assert not any(thread.is_alive() for thread in threads)
     assert not wrong
+
+
+def test_inner_archives_larger_than_the_first_piece_copied(tmp_path: Path) -> None:
+    """The copy is made in two steps (the first MiB to look into, then the rest): inner archives
+    of 3 MB in every codec, their decoders made anew for the whole copy (xz's block index and
+    zstd's frames are at and across all of it)."""
+    rng = random.Random(13)
+    files = {f"f{i}": rng.randbytes(200_000) for i in range(15)}
+    members = {f"c.tar.{suffix}": compress(tar_bytes(files), suffix) for suffix in sorted(TOOLS)}
+    assert min(len(data) for data in members.values()) > 2 * spool.PIECE
+    archive = tmp_path / "big.tar.gz"
+    archive.write_bytes(compress(tar_bytes(members), "gz"))
+    for options in (FRESH, AGAIN):
+        with ratarmountcore.open(str(archive), options) as src:
+            for suffix in sorted(TOOLS):
+                assert src.is_dir(f"/c.tar.{suffix}"), suffix
+                for name, data in files.items():
+                    assert src.read(f"/c.tar.{suffix}/{name}") == data, (suffix, name)

@@ -146,13 +146,12 @@ class StreamWindow:
     """``size`` bytes at ``offset`` of a decompressed stream: a compressed archive inside a
     compressed one (a .tar.bz2 in a .tar.zst) seen as a file of its own. It has no descriptor
     (``fd`` is -1), so its decoders read it through Python (``compression.base.StreamFile``).
-    ``lock``: for a ``reader`` that is not thread-safe (a first pass's read-ahead window)."""
+    ``reader`` must be thread-safe (a compressed reader is; its first pass's stream is not, which
+    is why a first pass reads a copy instead: ``tar/spool.py``)."""
 
     fd = -1
 
-    def __init__(
-        self, reader: RandomAccessReader, offset: int, size: int, path: str = "", lock: Optional[threading.Lock] = None
-    ) -> None:
+    def __init__(self, reader: RandomAccessReader, offset: int, size: int, path: str = "") -> None:
         self.reader = reader
         #: Where byte 0 lies in ``reader``'s stream (not in a file: ``offset`` stays 0 for the
         #: ``PlainFile`` protocol, whose offsets are into ``fd``).
@@ -160,16 +159,11 @@ class StreamWindow:
         self.offset = 0
         self.size = size
         self.path = path
-        self._lock = lock
 
     def pread(self, offset: int, size: int) -> bytes:
         if offset >= self.size or size <= 0:
             return b""
-        size = min(size, self.size - offset)
-        if self._lock is None:
-            return self.reader.pread(self.start + offset, size)
-        with self._lock:
-            return self.reader.pread(self.start + offset, size)
+        return self.reader.pread(self.start + offset, min(size, self.size - offset))
 
     def close(self) -> None:
         pass  # the stream belongs to the reader it came from
