@@ -18,9 +18,10 @@ With ``--union`` the same tars are mounted together instead (``ratarmount A.tar 
 MOUNTPOINT``, no ``-r``): 100,000 files in one folder, the shape of a WebDataset's shards
 mounted at one place (no lazy mount then).
 
-With ``--outer tar`` (or ``--outer gz``) the class archives are packed into one tar (or
-.tar.gz) first, mounted with ``-r``: ImageNet's ``ILSVRC2012_img_train.tar`` as it is
-downloaded, 1,000 class tars in one tar (no lazy mount then either).
+With ``--outer tar`` (or ``--outer gz``, ``--outer zst``) the class archives are packed into
+one tar (or .tar.gz, or .tar.zst of one frame) first, mounted with ``-r``: ImageNet's
+``ILSVRC2012_img_train.tar`` as it is downloaded, 1,000 class tars in one tar (no lazy mount
+then either).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class FolderDataset:
     def outer(self, kind: str) -> str:
         """The class archives packed into one tar (``kind`` "tar") or .tar.gz ("gz"), made if
         missing; its members are named as the class archives, so paths in the mount are alike."""
-        path = self.folder + (".outer.tar" if kind == "tar" else ".outer.tar.gz")
+        path = self.folder + {"tar": ".outer.tar", "gz": ".outer.tar.gz", "zst": ".outer.tar.zst"}[kind]
         if os.path.exists(path):
             return path
         buffer = io.BytesIO()
@@ -91,7 +92,12 @@ class FolderDataset:
                 tar.add(os.path.join(self.folder, wnid + self.suffix), arcname=wnid + self.suffix)
         data = buffer.getvalue()
         with open(path + ".tmp", "wb") as f:
-            f.write(data if kind == "tar" else gzip.compress(data, 6, mtime=0))
+            if kind == "zst":  # one frame, as ``tar -I zstd`` or ``zstd -T0`` write it
+                import zstandard
+
+                f.write(zstandard.ZstdCompressor(level=3).compress(data))
+            else:
+                f.write(data if kind == "tar" else gzip.compress(data, 6, mtime=0))
         os.rename(path + ".tmp", path)
         return path
 
@@ -222,7 +228,9 @@ def main() -> int:
     parser.add_argument("--union", action="store_true", help="mount the tars together (no -r) instead of the folder")
     parser.add_argument("--gzip", action="store_true", help="class archives as .tar.gz instead of .tar")
     parser.add_argument(
-        "--outer", choices=["tar", "gz"], help="the class archives packed into one tar or .tar.gz, mounted with -r"
+        "--outer",
+        choices=["tar", "gz", "zst"],
+        help="the class archives packed into one tar, .tar.gz or .tar.zst (one frame), mounted with -r",
     )
     parser.add_argument("--seed", type=int, default=20240601)
     parser.add_argument("--mount-timeout", type=float, default=600)
@@ -254,7 +262,7 @@ def main() -> int:
     if args.union:
         mode = "union of the tars"
     elif args.outer:
-        mode = f"the tars in one {'tar' if args.outer == 'tar' else '.tar.gz'}, with -r"
+        mode = f"the tars in one {'tar' if args.outer == 'tar' else '.tar.' + args.outer}, with -r"
     result: Dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
         "dataset": {"classes": ds.classes, "files_per_class": ds.per_class, "files": ds.files, "gzip": ds.gzipped},
