@@ -13,7 +13,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pytest
 
@@ -33,6 +33,16 @@ def fuse_available() -> bool:
 
 
 requires_fuse = pytest.mark.skipif(not fuse_available(), reason="needs /dev/fuse and fusermount")
+
+
+def read_tree(src: Any) -> Dict[str, bytes]:
+    """Path -> content of every file of the ``MountSource`` ``src``."""
+    found = {}
+    for folder, _dirs, files in src.walk("/"):
+        for name in files:
+            path = folder.rstrip("/") + "/" + name
+            found[path] = src.read(path)
+    return found
 
 
 def tar_bytes(files: Dict[str, bytes]) -> bytes:

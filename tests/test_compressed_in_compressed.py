@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Dict, List
 
 import pytest
-from conftest import Mounter, tar_bytes
+from conftest import Mounter, read_tree, tar_bytes
 
 import ratarmountcore
 from ratarmountcore.errors import CorruptDataError
@@ -41,15 +41,6 @@ def class_files(seed: int, count: int = 6) -> Dict[str, bytes]:
     }
 
 
-def read_all(src: ratarmountcore.MountSource) -> Dict[str, bytes]:
-    found = {}
-    for folder, _dirs, files in src.walk("/"):
-        for name in files:
-            path = folder.rstrip("/") + "/" + name
-            found[path] = src.read(path)
-    return found
-
-
 @pytest.mark.parametrize("outer", sorted(TOOLS))
 def test_every_codec_inside_every_codec(tmp_path: Path, outer: str) -> None:
     """Outer .tar.<outer> holding a class archive in each codec and a compressed member that
@@ -67,7 +58,7 @@ def test_every_codec_inside_every_codec(tmp_path: Path, outer: str) -> None:
         expected.update({f"/train/c_{suffix}.tar.{suffix}/{name}": data for name, data in files.items()})
     index = Path(f"{archive}.index.sqlite")
     with ratarmountcore.open(str(archive), FRESH) as src:
-        assert read_all(src) == expected
+        assert read_tree(src) == expected
         assert src.is_dir(f"/train/c_{outer}.tar.{outer}") and src.info("/train/notes.txt.gz").is_file
     built = index.stat().st_mtime_ns
     with ratarmountcore.open(str(archive), AGAIN) as src:
@@ -89,7 +80,7 @@ def test_three_levels_of_compression(tmp_path: Path) -> None:
     expected["/mid.tar.bz2/plain.tar/p.txt"] = b"plain"
     for options in (FRESH, AGAIN):
         with ratarmountcore.open(str(archive), options) as src:
-            assert read_all(src) == expected
+            assert read_tree(src) == expected
 
 
 def test_through_fuse(mounter: Mounter, tmp_path: Path) -> None:
@@ -129,14 +120,14 @@ def test_a_copy_that_fills_the_disk_halfway_shows_the_archive_as_a_file(
     inner = compress(tar_bytes({"big.bin": rng.randbytes(3 * spool.PIECE)}), "gz")
     archive = tmp_path / "outer.tar.zst"
     archive.write_bytes(compress(tar_bytes({"c.tar.gz": inner, "after.txt": b"after"}), "zst"))
-    real_copy = spool.Spool.copy
+    real_copy = spool.Spool._copy
 
     def copy(self: spool.Spool, limit: object = None) -> bool:
         if limit is None:
             raise spool.SpoolError(OSError(errno.ENOSPC, "full"))
         return real_copy(self, limit)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(spool.Spool, "copy", copy)
+    monkeypatch.setattr(spool.Spool, "_copy", copy)
     with caplog.at_level(logging.WARNING), ratarmountcore.open(str(archive), FRESH) as src:
         assert src.info("/c.tar.gz").is_file and src.read("/c.tar.gz") == inner
         assert src.read("/after.txt") == b"after"

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
-from conftest import Mounter, run_ratarmount, tar_bytes
+from conftest import Mounter, read_tree, run_ratarmount, tar_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -96,16 +96,6 @@ def make_nested(tmp_path: Path) -> Dict[str, bytes]:
         for name, data in files.items():
             expected[f"/train/{synset}.tar/{name}"] = data
     return expected
-
-
-def read_tree(src: ratarmountcore.MountSource) -> Dict[str, bytes]:
-    """Path -> content of every file of ``src``."""
-    found = {}
-    for folder, _dirs, files in src.walk("/"):
-        for name in files:
-            path = folder.rstrip("/") + "/" + name
-            found[path] = src.read(path)
-    return found
 
 
 def test_recursive_archives_via_api(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from ..io.readers import FileWindow, RandomAccessReader, ReaderStream
 from ..options import CompressionOptions
 from ..progress import Progress
 from .scanner import BLOCK, KIND_DIR, KIND_FILE, KIND_HARDLINK, MemberRecord, TarScanner
-from .spool import Spool, finish_spool, start_spool
+from .spool import Spool
 
 if TYPE_CHECKING:
     from ..compression.base import CompressedReader
@@ -264,8 +264,9 @@ def _index_compressed_member(
         fd, offset = ctx.fd, record.offset_data  # its bytes are in the file as they are
     else:  # inside a compressed stream: copied as the scan reaches it (``tar/spool.py``)
         folder = os.path.dirname(ctx.writer.final_path)
-        spool = start_spool(near, record.offset_data - base, record.size, folder, label, ctx.inner_progress)
-        if spool is None:
+        spool = Spool(near, record.offset_data - base, record.size, folder, label, ctx.inner_progress)
+        if not spool.start():
+            spool.close()
             _add_as_file(ctx, record, source)
             return
         fd, offset = spool.fd, 0
@@ -319,7 +320,7 @@ def _index_compressed_at(
         if spool is not None and not spool.complete:
             reader.close()  # (it saw a part of the file: sizes and tables are read anew)
             reader = None
-            if not finish_spool(spool):
+            if not spool.finish():
                 _add_as_file(ctx, record, source)
                 return
             reader = _open_inner(ctx, record, fmt, fd, offset)

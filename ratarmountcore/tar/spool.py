@@ -46,7 +46,11 @@ def _failed(label: str, folder: str, why: object) -> None:
 
 
 class Spool:
-    """``size`` bytes at ``offset`` of ``source`` being copied to an unnamed file in ``folder``."""
+    """``size`` bytes at ``offset`` of ``source``, to be copied to an unnamed file in ``folder``:
+    ``start`` copies the first ``PIECE``, ``finish`` the rest. Either says False (logged when the
+    copy could not be written: no room, no such folder) when there is no whole copy; the inner
+    archive is then shown as the file it is. ``on_piece``: called after each piece copied (the
+    progress bar)."""
 
     def __init__(
         self,
@@ -64,7 +68,7 @@ class Spool:
         self.folder = folder
         self.copied = 0
         self._on_piece = on_piece
-        self._file: Optional[IO[bytes]] = tempfile.TemporaryFile(dir=folder or ".")
+        self._file: Optional[IO[bytes]] = None
 
     @property
     def fd(self) -> int:
@@ -75,7 +79,22 @@ class Spool:
     def complete(self) -> bool:
         return self.copied >= self.size
 
-    def copy(self, limit: Optional[int] = None) -> bool:
+    def start(self) -> bool:
+        try:
+            self._file = tempfile.TemporaryFile(dir=self.folder or ".")
+        except OSError as exc:
+            _failed(self.label, self.folder, os.strerror(exc.errno) if exc.errno else exc)
+            return False
+        return self.finish(PIECE)
+
+    def finish(self, limit: Optional[int] = None) -> bool:
+        try:
+            return self._copy(limit)
+        except SpoolError as exc:
+            _failed(self.label, self.folder, exc)
+            return False
+
+    def _copy(self, limit: Optional[int]) -> bool:
         """Copy on up to ``limit`` bytes in all (None: to the end). False when the outer stream
         ended first (the outer archive's scan reports that on its own)."""
         assert self._file is not None
@@ -101,34 +120,3 @@ class Spool:
         if self._file is not None:
             self._file.close()
             self._file = None
-
-
-def start_spool(
-    source: RandomAccessReader,
-    offset: int,
-    size: int,
-    folder: str,
-    label: str,
-    on_piece: Optional[Callable[[], None]] = None,
-) -> Optional[Spool]:
-    """A ``Spool`` holding the first ``PIECE`` bytes, or None (logged) when no copy can be made
-    (no room, no such folder): the inner archive is then shown as the file it is.
-    ``on_piece``: called after each piece copied (the progress bar)."""
-    try:
-        spool = Spool(source, offset, size, folder, label, on_piece)
-    except OSError as exc:
-        _failed(label, folder, os.strerror(exc.errno) if exc.errno else exc)
-        return None
-    if finish_spool(spool, PIECE):
-        return spool
-    spool.close()
-    return None
-
-
-def finish_spool(spool: Spool, limit: Optional[int] = None) -> bool:
-    """``spool.copy(limit)``; False (logged if the copy could not be written) otherwise."""
-    try:
-        return spool.copy(limit)
-    except SpoolError as exc:
-        _failed(spool.label, spool.folder, exc)
-        return False
