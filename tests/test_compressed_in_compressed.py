@@ -266,3 +266,30 @@ def test_inner_archives_larger_than_the_first_piece_copied(tmp_path: Path) -> No
                 assert src.is_dir(f"/c.tar.{suffix}"), suffix
                 for name, data in files.items():
                     assert src.read(f"/c.tar.{suffix}/{name}") == data, (suffix, name)
+
+
+def test_a_decoder_reading_small_pieces_asks_the_outer_stream_once_per_window() -> None:
+    """zlib's resumer reads 32 KiB at a time; each piece that went past what the outer stream's
+    cache held made it decode the span from its seek point again (1,000 class .tar.gz in a
+    .tar.gz: 628 MB of the outer stream decoded for 1,000 reads, 453 MB with the window)."""
+    from ratarmountcore.io.readers import WINDOW_AHEAD, StreamWindow
+
+    data = random.Random(8).randbytes(3 * WINDOW_AHEAD + 1000)
+    asked = []
+
+    class Outer:
+        def pread(self, offset: int, size: int) -> bytes:
+            asked.append((offset, size))
+            return data[offset : offset + size]
+
+        def close(self) -> None:
+            pass
+
+    window = StreamWindow(Outer(), 1000, len(data) - 1000)
+    pieces = [window.pread(offset, 32 * 1024) for offset in range(0, window.size, 32 * 1024)]
+    assert b"".join(pieces) == data[1000:]
+    assert len(asked) == 3
+    other = StreamWindow(Outer(), 0, 5000)  # another stream's window is its own
+    assert other.pread(1000, 10) == data[1000:1010] and asked[-1] == (1000, 4000)
+    assert window.pread(5, 10) == data[1005:1015]  # (behind its last window: asked again)
+    assert window.pread(WINDOW_AHEAD, 10) == data[1000 + WINDOW_AHEAD : 1010 + WINDOW_AHEAD]

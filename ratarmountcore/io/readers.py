@@ -142,6 +142,16 @@ class FileWindow:
         """The descriptor belongs to the outer archive."""
 
 
+#: What a small read of a ``StreamWindow`` asks of the stream: a decoder reads its compressed
+#: input in small pieces in order (zlib through ``DeflateResumer``: 32 KiB), and each piece
+#: that went on past what the stream's span cache held made it decode the span from its seek
+#: point again.
+WINDOW_AHEAD = 256 * 1024
+#: Each thread's last window of any ``StreamWindow`` (one per thread: with one per stream, 100
+#: inner archives held 50 MiB of them).
+_WINDOWS = threading.local()
+
+
 class StreamWindow:
     """``size`` bytes at ``offset`` of a decompressed stream: a compressed archive inside a
     compressed one (a .tar.bz2 in a .tar.zst) seen as a file of its own. It has no descriptor
@@ -163,7 +173,15 @@ class StreamWindow:
     def pread(self, offset: int, size: int) -> bytes:
         if offset >= self.size or size <= 0:
             return b""
-        return self.reader.pread(self.start + offset, min(size, self.size - offset))
+        size = min(size, self.size - offset)
+        if size >= WINDOW_AHEAD:
+            return self.reader.pread(self.start + offset, size)
+        owner, begin, window = getattr(_WINDOWS, "last", (None, 0, b""))
+        if owner is not self or not (begin <= offset and offset + size <= begin + len(window)):
+            window = self.reader.pread(self.start + offset, min(WINDOW_AHEAD, self.size - offset))
+            begin = offset
+            _WINDOWS.last = (self, begin, window)
+        return window[offset - begin : offset - begin + size]
 
     def close(self) -> None:
         pass  # the stream belongs to the reader it came from
