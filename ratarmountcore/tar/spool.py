@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from typing import IO, Callable, Optional
 
 from ..io.readers import RandomAccessReader
@@ -80,6 +79,8 @@ class Spool:
         return self.copied >= self.size
 
     def start(self) -> bool:
+        import tempfile  # (only here: it brings random and shutil, ~4.5 ms, into every mount)
+
         try:
             self._file = tempfile.TemporaryFile(dir=self.folder or ".")
         except OSError as exc:
