@@ -113,10 +113,14 @@ class FdFile(io.RawIOBase):
             want = min(len(flat), max(0, self._end - self._pos))
             if want <= 0:
                 return 0
-            n = os.preadv(self._fd, [flat[:want]], self._pos)
+            n = self._fill(flat[:want])
         self._pos += n
         self._stats.add_read(n)
         return n
+
+    def _fill(self, view: memoryview) -> int:
+        """Read into ``view`` at the current position; returns the bytes read."""
+        return os.preadv(self._fd, [view], self._pos)
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         if whence == io.SEEK_SET:
@@ -144,17 +148,10 @@ class StreamFile(FdFile):
         super().__init__(-1, plain.size, stats, start, end)
         self._plain = plain
 
-    def readinto(self, buffer: Any) -> int:
-        with memoryview(buffer) as view, view.cast("B") as flat:
-            want = min(len(flat), max(0, self._end - self._pos))
-            if want <= 0:
-                return 0
-            data = self._plain.pread(self._pos, want)
-            n = len(data)
-            flat[:n] = data
-        self._pos += n
-        self._stats.add_read(n)
-        return n
+    def _fill(self, view: memoryview) -> int:
+        data = self._plain.pread(self._pos, len(view))
+        view[: len(data)] = data
+        return len(data)
 
 
 def pack_seek_points(header: Dict[str, Any], payload: bytes = b"") -> List[bytes]:

@@ -451,12 +451,18 @@ class PooledReader(CompressedReader):
             pending.withdraw()
 
     def serves_nested(self) -> None:
-        with self._finish_lock, self._pending_lock:
+        with self._pending_lock:
             self._transit = True
             pending, self._pending = self._pending, None
-            spans, self._spans, self._spans_asked = self._spans, None, False  # (made anew)
         if pending is not None:
             pending.withdraw()
+        self._drop_spans()  # (made anew, as a transit cache)
+
+    def _drop_spans(self) -> None:
+        """Forget the span cache (its stream no longer counts); the next read makes it again
+        from the stored seek points."""
+        with self._finish_lock, self._pending_lock:
+            spans, self._spans, self._spans_asked = self._spans, None, False
         if spans is not None:
             spans.close()
 
@@ -499,7 +505,9 @@ class PooledReader(CompressedReader):
                 return
             spans = self._spans
             size = self._size
-            if spans is not None and size is not None and not self._closing:
+            if spans is not None and size is not None and not self._closing and not self._transit:
+                # (A transit stream is read by the decoders of the archives in it: decoded
+                # whole into its few spans, it was decoded for nothing.)
                 if size <= spans.capacity and len(_OPEN) == 1:
                     thread = threading.Thread(
                         target=self._warm_all, args=(spans, size), name="ratarmount-warm", daemon=True
@@ -530,11 +538,11 @@ class PooledReader(CompressedReader):
         # with less CPU (misses no longer decode parts of spans that the whole-stream decoding
         # then decodes again).
         size = self._size
-        if self._warm is not None or self._closing or size is None or self._payload_loader is None:
+        if self._warm is not None or self._closing or size is None or self._payload_loader is None or self._transit:
             logger.debug(
-                "%s: not decoded ahead (decoding %s, closing: %s, size %s, seek points stored: %s)",
+                "%s: not decoded ahead (decoding %s, closing: %s, size %s, seek points stored: %s, transit: %s)",
                 self.path, "refused" if self._warm is False else "started" if self._warm else "not begun",
-                self._closing, size, self._payload_loader is not None,
+                self._closing, size, self._payload_loader is not None, self._transit,
             )  # fmt: skip
             return
         if len(_OPEN) > 1 or size > self.options.cache_size:
@@ -628,10 +636,7 @@ class PooledReader(CompressedReader):
         # of three copies of a 68 MB .tar.bz2 read only the last one (the others shadowed), not
         # kept whole, 300 random reads 8.9 s; a second mount, which makes each cache at the
         # archive's first read, 1.4 s. Made again at the first read, from the stored points.
-        with self._finish_lock, self._pending_lock:
-            spans, self._spans, self._spans_asked = self._spans, None, False
-        if spans is not None:
-            spans.close()
+        self._drop_spans()
 
     def import_seek_points(self, index: SeekPointSource) -> None:
         found = self._stored_seek_points(index)
