@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=threads,
         default=0,
         metavar="N",
-        help="threads for parallel decompression (default 0: all cores; gzip through rapidgzip: two per core)",
+        help="threads for parallel decompression (default 0: the cores this process may use, by its CPU affinity and "
+        "cgroup CPU quota, at most 16, since each thread holds decoded data; gzip through rapidgzip: two per core)",
     )
     parser.add_argument("--gzip-backend", choices=["rapidgzip", "indexed_gzip"], help="force a gzip backend")
     parser.add_argument(
@@ -293,6 +294,9 @@ def version_text() -> str:
     from ratarmountcore.compression import backend_versions
 
     lines.extend(f"{name} {version}" for name, version in backend_versions().items())
+    from ratarmountcore import cores
+
+    lines.append(cores.describe())
     return "\n".join(lines)
 
 

@@ -10,6 +10,7 @@ import logging
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ratarmountcore.cores import usable_cores
 from ratarmountcore.errors import RatarmountError
 
 logger = logging.getLogger(__name__)
@@ -86,11 +87,7 @@ def default_max_threads(archives: Sequence[str] = ()) -> int:
     1 ms (this machine has no network file system), the same 8 readers took 2.97 s with 2
     workers, 1.21 s with 8 and 1.40 s with 16; one reader 1.55 s either way. ``-o
     max_threads=N`` decides either way."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 2
-    threads = max(2, min(cores, MAX_THREADS_CAP))
+    threads = max(2, min(usable_cores(), MAX_THREADS_CAP))
     if threads >= NETWORK_MIN_THREADS or not archives:
         return threads
     mounts = _read_mountinfo()  # once: a union of hundreds of archives, a node with many mounts

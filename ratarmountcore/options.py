@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
+
+from .cores import default_decoder_threads
 
 #: The cache folder for indexes (and union tables); made when missing, unlike folders the
 #: caller names.
@@ -42,7 +43,8 @@ class CompressionOptions:
     """How compressed archives are decoded (``OpenOptions.compression``). Sizes are in bytes
     here, where the command line takes MiB.
 
-    parallelization / decoder threads; 0 (default): all cores (``-P``).
+    parallelization / decoder threads; 0 (default): the cores this process may use (its CPU
+        affinity and cgroup CPU quota), at most 16 (``-P``; see ``ratarmountcore.cores``).
     gzip_backend / "rapidgzip" or "indexed_gzip"; None (default): the best installed, or the
         one an existing index was built with (``--gzip-backend``).
     seek_point_spacing / bytes between stored gzip seek points (``--seek-point-spacing`` MiB
@@ -53,7 +55,7 @@ class CompressionOptions:
         Archives whose decoded data is at most 3 times this (all together) are kept whole.
     """
 
-    #: Threads for parallel decompression; 0 means all cores.
+    #: Threads for parallel decompression; 0 means the usable cores, at most 16.
     parallelization: int = 0
     #: Preferred gzip backend: "rapidgzip" or "indexed_gzip" (None: best available).
     gzip_backend: Optional[str] = None
@@ -67,7 +69,7 @@ class CompressionOptions:
     cache_size: int = 32 * 1024 * 1024
 
     def threads(self) -> int:
-        return self.parallelization if self.parallelization > 0 else (os.cpu_count() or 1)
+        return self.parallelization if self.parallelization > 0 else default_decoder_threads()
 
 
 @dataclass(frozen=True)

@@ -745,7 +745,7 @@ def test_bzip2_decoders_together_use_no_more_threads_than_cores(
     cores thrashed, so readers at once share one decoder of all cores."""
     import ratarmountcore.compression.pooled as pooled
 
-    monkeypatch.setattr(pooled.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(pooled, "usable_cores", lambda: 2)
     rng = random.Random(7)
     content = b"".join(b"%d %s\n" % (i, rng.randbytes(20).hex().encode()) for i in range(40_000))
     path = tmp_path / "x.bz2"

@@ -16,6 +16,7 @@ import ratarmountcore
 from ratarmountcore.compression import deflate_resume
 from ratarmountcore.compression import gzip as gzip_backend
 from ratarmountcore.compression.gzip import RapidgzipReader, thin_gztool_index
+from ratarmountcore.cores import default_decoder_threads
 from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
 
 rapidgzip = pytest.importorskip("rapidgzip")
@@ -167,7 +168,6 @@ def test_the_first_members_decide_the_seek_points_of_the_first_scan(
     """Small members: seek points every 384 KiB, scanned with two threads per core. Large members
     (reads of them skip the span cache): every 2 MiB, one thread per core (pure decoding). A
     stream smaller than the sample is not sampled (the sample would decode most of it)."""
-    import os
 
     archive = _tar_gz(tmp_path / "a.tar.gz", sizes)
     made: List[tuple] = []
@@ -182,8 +182,9 @@ def test_the_first_members_decide_the_seek_points_of_the_first_scan(
     with ratarmountcore.open(str(archive), opts) as src:
         for path, data in members(archive).items():
             assert src.read(path) == data
-    cores = os.cpu_count() or 1
-    wanted = (RapidgzipReader.large_member_spacing, cores) if large else (RapidgzipReader.default_spacing, 2 * cores)
+    cores = default_decoder_threads()
+    two_per_core = min(2 * cores, max(cores, 16))  # (at most 16 by default, unless the cores are more)
+    wanted = (RapidgzipReader.large_member_spacing, cores) if large else (RapidgzipReader.default_spacing, two_per_core)
     assert made[0] == wanted
     assert (RapidgzipReader.default_spacing, RapidgzipReader.large_member_spacing) == (384 * 1024, 2 << 20)
     # An explicit spacing and -P are kept whatever the members.

@@ -1099,14 +1099,14 @@ def test_archives_on_network_file_systems_get_more_workers(monkeypatch: pytest.M
     file system the default leaves room for more reads in flight; an explicit -o wins."""
     from ratarmount import workers
 
-    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda _pid: {0, 1})
+    monkeypatch.setattr(workers, "usable_cores", lambda: 2)
     local = str(tmp_path / "a.tar")
     assert workers.default_max_threads([local]) == 2
     monkeypatch.setattr(workers, "file_system_type", lambda path, _m=None: "lustre" if "lustre" in path else "ext4")
     assert workers.default_max_threads([local, "/lustre/b.tar"]) == workers.NETWORK_MIN_THREADS
     assert workers.loop_threads({}, ["/lustre/b.tar"]) == (workers.NETWORK_MIN_THREADS,) * 2
     assert workers.loop_threads({"max_threads": "3"}, ["/lustre/b.tar"]) == (3, 3)
-    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda _pid: set(range(64)))
+    monkeypatch.setattr(workers, "usable_cores", lambda: 64)
     assert workers.default_max_threads(["/lustre/b.tar"]) == workers.MAX_THREADS_CAP
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import atexit
 import collections
 import logging
-import os
 import threading
 import time
 import weakref
 from abc import abstractmethod
 from typing import Any, Callable, ClassVar, List, Optional, Tuple, Union
 
+from ..cores import DEFAULT_DECODER_THREADS, usable_cores
 from ..errors import CorruptDataError, TruncatedArchiveError
 from ..io import forks
 from ..io.proc_io import ReadCounter
@@ -215,9 +215,9 @@ class PooledReader(CompressedReader):
         count = min(self.max_instances, max(1, options.threads()))
         threads = options.threads()
         if self.threads_within_cores:
-            count = max(1, min(count, (os.cpu_count() or 1) // threads))
-        if options.parallelization <= 0:
-            threads *= self.default_oversubscription
+            count = max(1, min(count, usable_cores() // threads))
+        if options.parallelization <= 0:  # (more threads than cores, within the default's bound)
+            threads = min(threads * self.default_oversubscription, max(threads, DEFAULT_DECODER_THREADS))
         #: Threads of a decoder that scans the stream before the seek points are known (the
         #: first mount); a backend may lower it once it knows what the archive holds.
         self._scan_threads = threads
