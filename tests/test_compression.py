@@ -1504,25 +1504,52 @@ def test_converting_a_single_frame_zstd_does_not_advise_converting_it(
     assert [r for r in caplog.records if "random access" in r.getMessage()]
 
 
-def test_gzip_padded_with_zero_bytes_is_refused_with_the_way_out(tmp_path: Path) -> None:
+def test_gzip_padded_with_zero_bytes_is_decoded_by_indexed_gzip(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A .tar.gz padded with zero bytes to a block size (tape tools; gzip -d ignores them):
-    rapidgzip refuses it, and the error says so and names the backend that reads it, which then
-    serves every member as tar extracts it. Nothing is left behind."""
+    rapidgzip refuses it, so without a backend named it goes to indexed_gzip, with one warning
+    saying so, and serves every member as tar extracts it. Named, rapidgzip refuses it, and the
+    error names the way out; nothing is left behind."""
     tar = tmp_path / "data.tar"
     make_tar(tar, random.Random(11), members=20, max_size=50_000)
     archive = compress(tar, "gz-cli")
     archive.write_bytes(archive.read_bytes() + bytes(10240 - archive.stat().st_size % 10240))
     before = sorted(os.listdir(tmp_path))
     with pytest.raises(CorruptDataError, match="zero bytes.*--gzip-backend indexed_gzip"):
-        ratarmountcore.open(str(archive))
+        ratarmountcore.open(str(archive), options(gzip_backend="rapidgzip"))
     assert sorted(os.listdir(tmp_path)) == before
-    with ratarmountcore.open(str(archive), options(gzip_backend="indexed_gzip")) as source:
+    with caplog.at_level(logging.WARNING), ratarmountcore.open(str(archive), options()) as source:
+        assert source._reader.backend_name == "indexed_gzip"  # type: ignore[attr-defined]
         for name, data in members_of(tar).items():
             assert source.read(name) == data
-    with ratarmountcore.open(str(archive)) as again:  # later mounts need not name the backend
+    warned = [r.getMessage() for r in caplog.records if "zero bytes" in r.getMessage()]
+    assert len(warned) == 1 and str(archive) in warned[0] and "indexed_gzip" in warned[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), ratarmountcore.open(str(archive)) as again:  # from the index
         assert again._reader.backend_name == "indexed_gzip"  # type: ignore[attr-defined]
         for name, data in members_of(tar).items():
             assert again.read(name) == data
+    assert not caplog.records
+
+
+@pytest.mark.parametrize(
+    "empty_member", [gzip.compress(b""), bytes.fromhex("1f8b0800000000000003010000ffff") + bytes(8)]
+)
+def test_gzip_ending_in_an_empty_member_stays_with_rapidgzip(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, empty_member: bytes
+) -> None:
+    """An empty last member (bgzip's end marker, gzip of nothing; zlib's fixed block or a stored
+    one) ends in the eight zero bytes of its trailer: no padding, and rapidgzip reads it."""
+    tar = tmp_path / "data.tar"
+    make_tar(tar, random.Random(12), members=20, max_size=50_000)
+    archive = tmp_path / "data.tar.gz"
+    archive.write_bytes(gzip.compress(tar.read_bytes()) + empty_member)
+    with caplog.at_level(logging.WARNING), ratarmountcore.open(str(archive), options()) as source:
+        assert source._reader.backend_name == "rapidgzip"  # type: ignore[attr-defined]
+        for name, data in members_of(tar).items():
+            assert source.read(name) == data
+    assert not caplog.records
 
 
 def test_an_index_built_with_a_named_gzip_backend_serves_mounts_that_name_none(
@@ -1541,16 +1568,31 @@ def test_an_index_built_with_a_named_gzip_backend_serves_mounts_that_name_none(
     assert not [r for r in caplog.records if "rebuilt" in r.getMessage() or "Creating index" in r.getMessage()]
 
 
-def test_a_zero_padded_inner_tar_gz_is_logged_with_the_way_out(
+def test_a_zero_padded_inner_tar_gz_is_a_folder_or_logged_with_the_way_out(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """As an inner archive (``-r``) it was logged as "damaged" with rapidgzip's words alone."""
+    """As an inner archive (``-r``) it goes to indexed_gzip too, with one warning at its scan
+    and none at reads or later opens; with rapidgzip named it is a file, logged with the way out
+    (it was logged as "damaged" with rapidgzip's words alone)."""
     tar = tmp_path / "data.tar"
     make_tar(tar, random.Random(11), members=5, max_size=5_000)
     inner = compress(tar, "gz-cli").read_bytes()
     (tmp_path / "outer.tar").write_bytes(tar_bytes({"pad.tar.gz": inner + bytes(10240 - len(inner) % 10240)}))
+    for attempt in range(2):
+        with caplog.at_level(logging.WARNING):
+            with ratarmountcore.open(str(tmp_path / "outer.tar"), OpenOptions(recursive=True)) as source:
+                for name, data in members_of(tar).items():
+                    assert source.read("/pad.tar.gz" + name) == data
+        warned = [r.getMessage() for r in caplog.records if "indexed_gzip" in r.getMessage()]
+        assert len(warned) == (1 - attempt), warned
+        caplog.clear()
+    named = OpenOptions(
+        recursive=True,
+        index=IndexOptions(recreate=True),
+        compression=CompressionOptions(gzip_backend="rapidgzip"),
+    )
     with caplog.at_level(logging.WARNING):
-        with ratarmountcore.open(str(tmp_path / "outer.tar"), OpenOptions(recursive=True)) as source:
+        with ratarmountcore.open(str(tmp_path / "outer.tar"), named) as source:
             assert source.info("/pad.tar.gz").is_file
     assert any("--gzip-backend indexed_gzip" in record.getMessage() for record in caplog.records)
 

@@ -63,6 +63,24 @@ class PlainFile(Protocol):
     def close(self) -> None: ...
 
 
+#: Zero bytes after gzip data that rapidgzip refuses (fewer it reads past; a member's trailer
+#: ends in that many zeros about once in 2**32).
+GZIP_PADDING_MIN = 5
+
+
+def trailing_zeros(plain: PlainFile, limit: int = 1 << 20) -> int:
+    """How many zero bytes the file ``plain`` ends with (counted up to ``limit``)."""
+    size = plain.size
+    count = 0
+    while count < min(limit, size):
+        chunk = plain.pread(max(0, size - count - 65536), min(65536, size - count))
+        stripped = chunk.rstrip(b"\0")
+        count += len(chunk) - len(stripped)
+        if stripped or not chunk:
+            break
+    return count
+
+
 @dataclass
 class ReaderStats:
     """Counters for diagnostics and tests (approximate under heavy concurrency is fine)."""
@@ -403,15 +421,7 @@ class CompressedReader(ABC):
 
     def trailing_zeros(self, limit: int = 1 << 20) -> int:
         """How many zero bytes the compressed file ends with (counted up to ``limit``)."""
-        size = self.compressed_size
-        count = 0
-        while count < min(limit, size):
-            chunk = self._plain.pread(max(0, size - count - 65536), min(65536, size - count))
-            stripped = chunk.rstrip(b"\0")
-            count += len(chunk) - len(stripped)
-            if stripped or not chunk:
-                break
-        return count
+        return trailing_zeros(self._plain, limit)
 
     def preadinto(self, offset: int, view: memoryview) -> int:
         """``pread`` into a caller's buffer (FUSE reads straight into libfuse's)."""

@@ -376,12 +376,14 @@ class ArchiveSource(RenewedAfterFork, MountSource):
             if reader is None:
                 label = f"{self.path}:#{row_id}"
                 if isinstance(outer, PlainFileReader):
-                    compressed = open_nested_compressed(outer.fd, offset, size, FormatId(fmt), label, self._compression)
+                    compressed = open_nested_compressed(
+                        outer.fd, offset, size, FormatId(fmt), label, self._compression, announce=False
+                    )
                 else:
                     from ..compression.registry import open_compressed
 
                     window = StreamWindow(outer, offset, size, label)
-                    compressed = open_compressed(label, window, FormatId(fmt), self._compression)
+                    compressed = open_compressed(label, window, FormatId(fmt), self._compression, announce=False)
                 compressed.import_seek_points(NamespacedSeekPoints(self._index, row_id))
                 self._nested[row_id] = reader = compressed
                 self._expected.opened(FormatId(fmt), size)

@@ -75,11 +75,11 @@ class NamespacedSeekPoints:
 
 
 def open_nested_compressed(
-    fd: int, offset: int, size: int, fmt: FormatId, label: str, options: CompressionOptions
+    fd: int, offset: int, size: int, fmt: FormatId, label: str, options: CompressionOptions, announce: bool = True
 ) -> "CompressedReader":
     from ..compression.registry import open_compressed
 
-    return open_compressed(label, FileWindow(fd, offset, size, label), fmt, options)
+    return open_compressed(label, FileWindow(fd, offset, size, label), fmt, options, announce=announce)
 
 
 @dataclass
