@@ -16,6 +16,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import (
@@ -29,7 +30,7 @@ from ..errors import (
 from ..io.descriptors import check_left
 from ..io.host_paths import missing_folders, remove_empty
 from ..options import IndexOptions
-from . import full_folders
+from . import full_folders, stale
 from .fingerprint import ArchiveStats
 from .locations import TEMPORARY_EXTRA, candidate_paths, folder_writable
 from .sqlite_index import IndexReader, IndexWriter, foreign_file, written_by_us
@@ -160,6 +161,32 @@ def _pass_over(archive_path: str, target: str, cause: str) -> None:
     logger.log(level, message, archive_path, target, cause)
 
 
+#: Seconds between looks at another process's build of the same index.
+WAIT_POLL = 0.2
+#: Seconds a build that let go of its lock may take to rename its file into place.
+RENAME_WAIT = 1.0
+
+
+def _waited_for_another_build(target: str, archive_path: str) -> bool:
+    """Wait while another process builds the index ``target`` (the tasks of a job array mounting
+    one new archive at once: each built the same index, each reading the whole archive); True
+    when there was such a build, whose index the caller then tries."""
+    other = stale.build_in_progress(target)
+    if other is None:
+        return False
+    logger.warning("%s: another process is building its index (%s); waiting for it", archive_path, other)
+    started = time.monotonic()
+    while stale.build_in_progress(target) is not None:
+        time.sleep(WAIT_POLL)
+    # A build lets go of its lock as it closes the index, a moment before renaming it into place
+    # (or before removing it, given up): a file still there a second later was left by a kill.
+    released = time.monotonic()
+    while os.path.lexists(other) and time.monotonic() - released < RENAME_WAIT:
+        time.sleep(0.01)
+    logger.info("%s: the other build ended after %.1f s of waiting", archive_path, time.monotonic() - started)
+    return True
+
+
 def first_valid(archive_path: str, stats: ArchiveStats, options: IndexOptions) -> Optional[Tuple[str, IndexReader]]:
     """The first index in the candidate locations that belongs to the archive as it is (build
     options aside), opened: for a mount of a compressed archive to learn whether it is a tar or
@@ -255,6 +282,10 @@ def open_or_build(
         if not folder_writable(target):
             causes[target] = "its folder cannot be written"
             continue
+        if _waited_for_another_build(target, archive_path):
+            built = _existing([target], stats, build_options, archive_path, None)
+            if built is not None:
+                return built
         try:
             writer = IndexWriter(target, stats, archive_path, build_options)
         except (OSError, sqlite3.Error) as exc:

@@ -29,7 +29,7 @@ import re
 import stat
 import struct
 import time
-from typing import List, Set
+from typing import List, Optional, Set
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +93,33 @@ def _locked(path: str) -> bool:
     finally:
         os.close(fd)
     return struct.unpack_from(_FLOCK, answer)[0] != fcntl.F_UNLCK
+
+
+def _held(path: str) -> bool:
+    """Whether a process is seen holding a lock on ``path`` (False when that cannot be told)."""
+    if _OFD_GETLK is None:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        answer = fcntl.fcntl(fd, _OFD_GETLK, _flock(fcntl.F_WRLCK))
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return struct.unpack_from(_FLOCK, answer)[0] != fcntl.F_UNLCK
+
+
+def build_in_progress(final_path: str) -> Optional[str]:
+    """A partial file of ``final_path`` that another process is writing now (it holds the file's
+    lock), or None. Where locks are not seen (another node on a file system whose locks are
+    local to each client) it says None, and the caller builds as if alone."""
+    for path in partial_files(final_path):
+        if not path.endswith("-journal") and not _is_ours(path) and _held(path):
+            return path
+    return None
 
 
 def partial_files(final_path: str) -> List[str]:
