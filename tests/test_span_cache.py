@@ -363,9 +363,16 @@ def one_member_tar_gz(path: Path, data: bytes) -> Path:
 
 
 @pytest.mark.parametrize("backend", ["rapidgzip", "indexed_gzip"])
-def test_large_reads_bypass_the_cache_and_decode_into_the_buffer(tmp_path: Path, backend: str) -> None:
-    """A read of DIRECT_READ_MIN bytes or more (a large member through the kernel's read-ahead)
-    decodes straight into the caller's buffer: right bytes, nothing added to the span cache."""
+def test_large_reads_in_order_bypass_the_cache_and_decode_into_the_buffer(
+    tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads of DIRECT_READ_MIN bytes or more that go on where the last one ended (a large member
+    through the kernel's read-ahead, members read in order) decode straight into the caller's
+    buffer: right bytes, nothing added to the span cache. With indexed_gzip every large read
+    does; with rapidgzip a large read that continues none (the first here) goes through the
+    span cache, decoding only up to its end. (Without the background decoding of a stream that
+    fits the cache, which a span-cache miss starts.)"""
+    monkeypatch.setattr(PooledReader, "_start_warm", lambda self: setattr(self, "_warm", False))
     from ratarmountcore.compression.pooled import DIRECT_READ_MIN
 
     rng = random.Random(9)
@@ -378,22 +385,60 @@ def test_large_reads_bypass_the_cache_and_decode_into_the_buffer(tmp_path: Path,
     with ratarmountcore.open(str(archive), opts) as src:
         member = src.open_info(src.info("/big.bin"))
         reader = src._reader  # type: ignore[attr-defined]
-        end = len(big) - DIRECT_READ_MIN
-        reads = ((0, DIRECT_READ_MIN), (123_457, 2 * DIRECT_READ_MIN + 5), (end, DIRECT_READ_MIN))
-        for offset, size in reads:
-            view = memoryview(bytearray(size))
+        decoded_after = []
+        for offset in range(0, len(big) - DIRECT_READ_MIN, DIRECT_READ_MIN):  # (whole large reads)
+            view = memoryview(bytearray(DIRECT_READ_MIN))
             count = member.preadinto(offset, view)
-            assert bytes(view[:count]) == big[offset : offset + size]
+            assert bytes(view[:count]) == big[offset : offset + DIRECT_READ_MIN]
+            decoded_after.append(reader._spans.decoded_bytes)
+        assert decoded_after[-1] == decoded_after[0], "reads in order went through the span cache"
+        assert (decoded_after[0] > 0) == (backend == "rapidgzip")
         # The Python API's readinto takes the same path (a file object read in large pieces).
+        end = len(big) - DIRECT_READ_MIN
         with src.open("/big.bin") as f:
             f.seek(end)
             piece = bytearray(DIRECT_READ_MIN + 10)
             assert f.readinto(piece) == DIRECT_READ_MIN and bytes(piece[:DIRECT_READ_MIN]) == big[end:]
             assert f.readinto(piece) == 0
-        assert reader._spans is not None and reader._spans.misses == 0 and reader._spans.decoded_bytes == 0
+        misses = reader._spans.misses
         small = memoryview(bytearray(1000))
         assert member.preadinto(5000, small) == 1000 and bytes(small) == big[5000:6000]
-        assert reader._spans.misses == 1
+        assert reader._spans.misses == misses + (backend == "indexed_gzip")  # (rapidgzip: cached by the first read)
+
+
+def test_a_random_large_read_goes_through_the_span_cache_and_one_in_order_in_parallel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rapidgzip's parallel decoders start at a coarse seek point and decode whole chunks ahead of
+    the read; a large read that continues no recent one goes through the span cache (which in a
+    stream larger than it decodes from the seek point before the read only up to its end), and
+    the next read in order goes on in parallel. (Without the background decoding of a stream
+    that fits the cache, which a span-cache miss starts.)"""
+    monkeypatch.setattr(PooledReader, "_start_warm", lambda self: setattr(self, "_warm", False))
+    from ratarmountcore.compression.pooled import DIRECT_READ_MIN
+
+    rng = random.Random(10)
+    big = bytes(rng.getrandbits(8) for _ in range(2_000_000))
+    archive = one_member_tar_gz(tmp_path / "a.tar.gz", big)
+    compression = CompressionOptions(gzip_backend="rapidgzip", seek_point_spacing=1 << 20, parallelization=2)
+    opts = OpenOptions(index=IndexOptions(progress=False), compression=compression)
+    with ratarmountcore.open(str(archive), opts):
+        pass
+    with ratarmountcore.open(str(archive), opts) as src:
+        member = src.open_info(src.info("/big.bin"))
+        reader = src._reader  # type: ignore[attr-defined]
+        offset = 1_100_000
+        view = memoryview(bytearray(DIRECT_READ_MIN))
+        assert member.preadinto(offset, view) == DIRECT_READ_MIN
+        assert bytes(view) == big[offset : offset + DIRECT_READ_MIN]
+        decoded = reader._spans.decoded_bytes
+        assert reader._spans.misses >= 1 and decoded > 0
+        assert reader.stats.decoders_created == 0, "a parallel decoder was made for a random read"
+        following = offset + DIRECT_READ_MIN + 512
+        assert member.preadinto(following, view) == DIRECT_READ_MIN
+        assert bytes(view) == big[following : following + DIRECT_READ_MIN]
+        assert reader.stats.decoders_created == 1
+        assert reader._spans.decoded_bytes == decoded  # (in order: the parallel decoders)
 
 
 @pytest.mark.parametrize("isal", [True, False])
@@ -432,8 +477,8 @@ def test_span_misses_use_single_threaded_decoders_and_large_reads_parallel_ones(
         for offset in (300_000, 5_000, 150_000):
             assert member.preadinto(offset, small) == 1000 and bytes(small) == big[offset : offset + 1000]
         assert made == [] if isal else (made and set(made) == {1}), made
-        large = memoryview(bytearray(DIRECT_READ_MIN))
-        assert member.preadinto(1000, large) == DIRECT_READ_MIN and bytes(large) == big[1000 : 1000 + DIRECT_READ_MIN]
+        large = memoryview(bytearray(DIRECT_READ_MIN))  # (in order, after the read that ended at 6,000)
+        assert member.preadinto(6000, large) == DIRECT_READ_MIN and bytes(large) == big[6000 : 6000 + DIRECT_READ_MIN]
         assert made[-1] == 2
 
     # With -P left at its default, rapidgzip's parallel decoders run two threads per core.
@@ -441,7 +486,8 @@ def test_span_misses_use_single_threaded_decoders_and_large_reads_parallel_ones(
     made.clear()
     with ratarmountcore.open(str(archive), default) as src:
         member = src.open_info(src.info("/big.bin"))
-        assert member.preadinto(0, large) == DIRECT_READ_MIN and bytes(large) == big[:DIRECT_READ_MIN]
+        assert member.preadinto(0, small) == 1000
+        assert member.preadinto(1000, large) == DIRECT_READ_MIN and bytes(large) == big[1000 : 1000 + DIRECT_READ_MIN]
     assert made[-1] == min(2 * default_decoder_threads(), max(default_decoder_threads(), 16))
 
 
