@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="MiB",
         help="distance between gzip seek points stored in the index, in MiB (default: 0.375 of compressed "
-        "data with rapidgzip, 2 when the first members are 128 KiB or larger; 1 of decompressed data with "
+        "data with rapidgzip, 1 when the first members are 128-512 KiB, 2 when larger; 1 of decompressed data with "
         "indexed_gzip; an existing index is then used whatever its spacing); small random reads inside "
         "large members (record files) are faster with 0.375 or less",
     )

@@ -154,20 +154,22 @@ def _tar_gz(path: Path, sizes: List[int]) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("sizes", "large"),
+    ("sizes", "tier"),
     [
-        ([3000] * 300, False),
-        ([300_000] * 12, True),
-        ([0, 10, 200_000, 200_000, 300_000, 300_000, 300_000], True),
-        ([200_000] * 4, False),  # (a stream of less than the sample's 1 MiB: not sampled)
+        ([3000] * 300, "small"),
+        ([300_000] * 12, "mid"),
+        ([0, 10, 200_000, 200_000, 300_000, 300_000, 300_000], "mid"),
+        ([600_000] * 6, "large"),
+        ([200_000] * 4, "small"),  # (a stream of less than the sample's 1 MiB: not sampled)
     ],
 )
 def test_the_first_members_decide_the_seek_points_of_the_first_scan(
-    sizes: List[int], large: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sizes: List[int], tier: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Small members: seek points every 384 KiB, scanned with two threads per core. Large members
-    (reads of them skip the span cache): every 2 MiB, one thread per core (pure decoding). A
-    stream smaller than the sample is not sampled (the sample would decode most of it)."""
+    """Small members: seek points every 384 KiB, scanned with two threads per core. Members of
+    128-512 KiB: every 1 MiB, larger ones every 2 MiB (their random reads decode from the seek
+    point before them, their reads in order in parallel), one thread per core (pure decoding).
+    A stream smaller than the sample is not sampled (the sample would decode most of it)."""
 
     archive = _tar_gz(tmp_path / "a.tar.gz", sizes)
     made: List[tuple] = []
@@ -184,9 +186,18 @@ def test_the_first_members_decide_the_seek_points_of_the_first_scan(
             assert src.read(path) == data
     cores = default_decoder_threads()
     two_per_core = min(2 * cores, max(cores, 16))  # (at most 16 by default, unless the cores are more)
-    wanted = (RapidgzipReader.large_member_spacing, cores) if large else (RapidgzipReader.default_spacing, two_per_core)
+    wanted = {
+        "small": (RapidgzipReader.default_spacing, two_per_core),
+        "mid": (RapidgzipReader.mid_member_spacing, cores),
+        "large": (RapidgzipReader.large_member_spacing, cores),
+    }[tier]
     assert made[0] == wanted
-    assert (RapidgzipReader.default_spacing, RapidgzipReader.large_member_spacing) == (384 * 1024, 2 << 20)
+    spacings = (
+        RapidgzipReader.default_spacing,
+        RapidgzipReader.mid_member_spacing,
+        RapidgzipReader.large_member_spacing,
+    )
+    assert spacings == (384 * 1024, 1 << 20, 2 << 20)
     # An explicit spacing and -P are kept whatever the members.
     made.clear()
     (tmp_path / "a.tar.gz.index.sqlite").unlink()
