@@ -47,11 +47,11 @@ def mib(text: str) -> float:
 
 
 def threads(text: str) -> int:
-    """A number of threads: 0 (all cores) or more."""
+    """A number of threads: 0 (the usable cores, at most 16) or more."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: 0 (all cores) or more")
+        raise argparse.ArgumentTypeError(f"{text!r}: 0 (the usable cores) or more")
     return value

@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=threads,
         default=0,
         metavar="N",
-        help="threads for decompression and compression (default 0: all cores)",
+        help="threads for decompression and compression (default 0: the cores this process may use, by its CPU "
+        "affinity and cgroup CPU quota, at most 16)",
     )
     parser.add_argument(
         "-r", "--recursive", action="store_true", help="index tars inside the tar as folders (as -r when mounting)"
