@@ -180,7 +180,7 @@ def test_a_decoder_that_cannot_open_its_file_is_no_corrupt_data(tmp_path: Path) 
     from ratarmountcore.errors import CorruptDataError, TooManyOpenFilesError
 
     rng = random.Random(5)
-    files = {f"d/f{i}": rng.randbytes(2 << 20) for i in range(3)}  # (read whole: a parallel decoder)
+    files = {f"d/f{i}": rng.randbytes(5 << 20) for i in range(3)}  # (read whole, 4 MiB or more: a parallel decoder)
     archive = tmp_path / "a.tar.gz"
     archive.write_bytes(gzip.compress(tar_bytes(files), 1))
     ratarmountcore.open(str(archive)).close()  # (the index; its decoders go with it)
