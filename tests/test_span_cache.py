@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bz2
+import contextlib
 import dataclasses
 import gzip
 import io
@@ -12,7 +13,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 from conftest import Mounter
@@ -362,6 +363,17 @@ def one_member_tar_gz(path: Path, data: bytes) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def _indexed_big_member(tmp_path: Path, big: bytes, compression: CompressionOptions) -> Iterator[Tuple[Any, Any, Any]]:
+    """(source, member, compressed reader) of a .tar.gz holding ``big`` as big.bin, opened again
+    after its index was built."""
+    archive = one_member_tar_gz(tmp_path / "a.tar.gz", big)
+    opts = OpenOptions(index=IndexOptions(progress=False), compression=compression)
+    ratarmountcore.open(str(archive), opts).close()
+    with ratarmountcore.open(str(archive), opts) as src:
+        yield src, src.open_info(src.info("/big.bin")), src._reader  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize("backend", ["rapidgzip", "indexed_gzip"])
 def test_large_reads_in_order_bypass_the_cache_and_decode_into_the_buffer(
     tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
@@ -377,14 +389,8 @@ def test_large_reads_in_order_bypass_the_cache_and_decode_into_the_buffer(
 
     rng = random.Random(9)
     big = bytes(rng.getrandbits(8) for _ in range(300_000)) + b"y" * 700_000
-    archive = one_member_tar_gz(tmp_path / "a.tar.gz", big)
     compression = CompressionOptions(gzip_backend=backend, seek_point_spacing=64 * 1024, parallelization=1)
-    opts = OpenOptions(index=IndexOptions(progress=False), compression=compression)
-    with ratarmountcore.open(str(archive), opts):
-        pass
-    with ratarmountcore.open(str(archive), opts) as src:
-        member = src.open_info(src.info("/big.bin"))
-        reader = src._reader  # type: ignore[attr-defined]
+    with _indexed_big_member(tmp_path, big, compression) as (src, member, reader):
         decoded_after = []
         for offset in range(0, len(big) - DIRECT_READ_MIN, DIRECT_READ_MIN):  # (whole large reads)
             view = memoryview(bytearray(DIRECT_READ_MIN))
@@ -419,14 +425,8 @@ def test_a_random_large_read_goes_through_the_span_cache_and_one_in_order_in_par
 
     rng = random.Random(10)
     big = bytes(rng.getrandbits(8) for _ in range(2_000_000))
-    archive = one_member_tar_gz(tmp_path / "a.tar.gz", big)
     compression = CompressionOptions(gzip_backend="rapidgzip", seek_point_spacing=1 << 20, parallelization=2)
-    opts = OpenOptions(index=IndexOptions(progress=False), compression=compression)
-    with ratarmountcore.open(str(archive), opts):
-        pass
-    with ratarmountcore.open(str(archive), opts) as src:
-        member = src.open_info(src.info("/big.bin"))
-        reader = src._reader  # type: ignore[attr-defined]
+    with _indexed_big_member(tmp_path, big, compression) as (_src, member, reader):
         offset = 1_100_000
         view = memoryview(bytearray(DIRECT_READ_MIN))
         assert member.preadinto(offset, view) == DIRECT_READ_MIN

@@ -78,35 +78,18 @@ def hold_lock(fd: int) -> None:
         logger.debug("No lock on the file being written (fd %d): %s", fd, error)
 
 
-def _locked(path: str) -> bool:
-    """Whether any process holds a lock on ``path``; True when that cannot be told."""
+def _lock_seen(path: str) -> Optional[bool]:
+    """Whether a process holds a lock on ``path``; None when that cannot be told."""
     if _OFD_GETLK is None:
-        return True
+        return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
-        return True
+        return None
     try:
         answer = fcntl.fcntl(fd, _OFD_GETLK, _flock(fcntl.F_WRLCK))
     except OSError:  # (no locks on this file system)
-        return True
-    finally:
-        os.close(fd)
-    return struct.unpack_from(_FLOCK, answer)[0] != fcntl.F_UNLCK
-
-
-def _held(path: str) -> bool:
-    """Whether a process is seen holding a lock on ``path`` (False when that cannot be told)."""
-    if _OFD_GETLK is None:
-        return False
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return False
-    try:
-        answer = fcntl.fcntl(fd, _OFD_GETLK, _flock(fcntl.F_WRLCK))
-    except OSError:
-        return False
+        return None
     finally:
         os.close(fd)
     return struct.unpack_from(_FLOCK, answer)[0] != fcntl.F_UNLCK
@@ -117,7 +100,7 @@ def build_in_progress(final_path: str) -> Optional[str]:
     lock), or None. Where locks are not seen (another node on a file system whose locks are
     local to each client) it says None, and the caller builds as if alone."""
     for path in partial_files(final_path):
-        if not path.endswith("-journal") and not _is_ours(path) and _held(path):
+        if not path.endswith("-journal") and not _is_ours(path) and _lock_seen(path):
             return path
     return None
 
@@ -149,7 +132,7 @@ def remove_abandoned(final_path: str, now: float | None = None) -> List[str]:
             continue
         if not stat.S_ISREG(info.st_mode) or now - info.st_mtime < MIN_AGE:
             continue
-        if _locked(main if main != path and os.path.lexists(main) else path):
+        if _lock_seen(main if main != path and os.path.lexists(main) else path) is not False:  # (held, or unknown)
             continue
         try:
             os.unlink(path)
