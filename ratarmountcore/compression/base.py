@@ -63,9 +63,11 @@ class PlainFile(Protocol):
     def close(self) -> None: ...
 
 
-#: Zero bytes after gzip data that rapidgzip refuses (fewer it reads past; a member's trailer
-#: ends in that many zeros about once in 2**32).
+#: Zero bytes after gzip data that rapidgzip refuses (fewer it reads past).
 GZIP_PADDING_MIN = 5
+#: The last two bytes of an empty member's deflate data: a final fixed-Huffman block holding only
+#: its end code (zlib), or a final stored block of length 0.
+_EMPTY_FINAL_BLOCK_ENDS = (b"\x03\x00", b"\xff\xff")
 
 
 def trailing_zeros(plain: PlainFile, limit: int = 1 << 20) -> int:
@@ -79,6 +81,18 @@ def trailing_zeros(plain: PlainFile, limit: int = 1 << 20) -> int:
         if stripped or not chunk:
             break
     return count
+
+
+def gzip_zero_padded(plain: PlainFile) -> bool:
+    """Whether a gzip file ends with zero-byte padding (tape tools pad to their block size;
+    gzip(1) ignores it, rapidgzip refuses it). Not when its last member is empty (bgzip's end
+    marker, gzip of no data): that member's trailer, the CRC-32 and size of nothing, is eight
+    zeros after the end of its only block. A non-empty member's trailer ends in five zeros when
+    its size is a multiple of 4 GiB and its CRC's last byte is 0: taken for padding (indexed_gzip
+    reads such a file too, only slower)."""
+    if trailing_zeros(plain) < GZIP_PADDING_MIN:
+        return False
+    return not (plain.size >= 10 and plain.pread(plain.size - 10, 2) in _EMPTY_FINAL_BLOCK_ENDS)
 
 
 @dataclass
@@ -418,10 +432,6 @@ class CompressedReader(ABC):
             if explained is None:
                 raise
             raise CorruptDataError(f"{exc}; {explained}") from exc
-
-    def trailing_zeros(self, limit: int = 1 << 20) -> int:
-        """How many zero bytes the compressed file ends with (counted up to ``limit``)."""
-        return trailing_zeros(self._plain, limit)
 
     def preadinto(self, offset: int, view: memoryview) -> int:
         """``pread`` into a caller's buffer (FUSE reads straight into libfuse's)."""

@@ -25,7 +25,7 @@ from ..formats import FormatId
 from ..io.readers import RandomAccessReader
 from ..options import CompressionOptions
 from . import checked_blocks
-from .base import GZIP_PADDING_MIN, FdFile, SeekPointSource, SeekPointWriter, pack_seek_points, read_fully
+from .base import FdFile, SeekPointSource, SeekPointWriter, gzip_zero_padded, pack_seek_points, read_fully
 from .block_crcs import BLOCK, TABLE_NAME, BlockCrcs, CrcCollector, CrcScan
 from .deflate_resume import DeflateResumer
 from .pooled import DIRECT_READ_MIN, PooledReader
@@ -443,12 +443,9 @@ class RapidgzipReader(_GzipReader):
     default_oversubscription: ClassVar[int] = 2
 
     def explain_failure(self) -> Optional[str]:
-        # Tape tools pad to a block size with zero bytes after the last gzip member; gzip(1)
-        # ignores them, rapidgzip takes five or more for a member it cannot parse (fewer it
-        # reads past). A trailer (CRC-32, size) ends in that many zeros about once in 2**32.
         # (Without --gzip-backend rapidgzip, such a file goes to indexed_gzip when that is
         # installed: ``registry.open_compressed``.)
-        if self.trailing_zeros() < GZIP_PADDING_MIN:
+        if not gzip_zero_padded(self._plain):
             return None
         return (
             # (No count: the member's trailer may end in zero bytes too; 512 bytes of padding

@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Optional, Tuple, cast
 from ..errors import MissingBackendError, UnsupportedFormatError
 from ..formats import FormatId
 from ..options import CompressionOptions
-from .base import GZIP_PADDING_MIN, CompressedReader, PlainFile, trailing_zeros
+from .base import CompressedReader, PlainFile, gzip_zero_padded
 
 logger = logging.getLogger(__name__)
 
@@ -121,20 +121,11 @@ def open_compressed(
     return reader
 
 
-#: The last two bytes of an empty member's deflate data: a final fixed-Huffman block holding only
-#: its end code (zlib), or a final stored block of length 0.
-_EMPTY_FINAL_BLOCK_ENDS = (b"\x03\x00", b"\xff\xff")
-
-
 def _zero_padded(path: str, raw: PlainFile, announce: bool) -> bool:
     """Whether a gzip file ends with zero-byte padding (as tape tools write; gzip(1) ignores
     it), which rapidgzip refuses: then indexed_gzip, which reads past it, decodes the file (one
     thread, where rapidgzip would use all cores), when it is installed."""
-    if trailing_zeros(raw) < GZIP_PADDING_MIN or not BACKENDS["indexed_gzip"].is_available():
-        return False
-    if raw.size >= 10 and raw.pread(raw.size - 10, 2) in _EMPTY_FINAL_BLOCK_ENDS:
-        # The last member is empty (bgzip's end marker, gzip of no data): its trailer, the
-        # CRC-32 and size of nothing, is the eight zeros, after the end of its only block.
+    if not gzip_zero_padded(raw) or not BACKENDS["indexed_gzip"].is_available():
         return False
     (logger.warning if announce else logger.debug)(
         "%s ends with zero bytes after its gzip data (padding, as tape tools write), which rapidgzip does not "
