@@ -267,7 +267,8 @@ class _GzipReader(PooledReader):
 
     def _ahead_covers(self, offset: int) -> bool:
         """Whether the last block of a recent parallel read holds ``offset`` (a stream to go on with)."""
-        return any(start <= offset < start + len(data) for start, data in tuple(self._ahead.values()))
+        with self._ahead_lock:
+            return any(start <= offset < start + len(data) for start, data in self._ahead.values())
 
     def _checked_parallel_into(self, crcs: BlockCrcs, offset: int, view: memoryview) -> int:
         try:
