@@ -441,6 +441,37 @@ def test_a_random_large_read_goes_through_the_span_cache_and_one_in_order_in_par
         assert reader._spans.decoded_bytes == decoded  # (in order: the parallel decoders)
 
 
+def test_a_read_that_goes_on_from_one_still_being_served_is_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel's read-ahead asks for the next piece of a file while the last one is being
+    decoded: that piece goes on from the end the last one asked for, not from where a finished
+    read ended (a `cat` of a 440 MB member through the mount: 2.3 s instead of 1.6 s when such
+    pieces went through the span cache)."""
+    monkeypatch.setattr(PooledReader, "_start_warm", lambda self: setattr(self, "_warm", False))
+    from ratarmountcore.compression.gzip import RapidgzipReader
+    from ratarmountcore.compression.pooled import DIRECT_READ_MIN
+
+    big = random.Random(11).randbytes(1_500_000)
+    compression = CompressionOptions(gzip_backend="rapidgzip", seek_point_spacing=256 * 1024, parallelization=2)
+    with _indexed_big_member(tmp_path, big, compression) as (_src, member, reader):
+        asked: List[bool] = []
+        serve = RapidgzipReader.pread
+
+        def pread_asking_on(self: RapidgzipReader, offset: int, size: int) -> bytes:
+            if not asked:  # (while the first read is served, the next piece comes in)
+                asked.append(self._parallel(offset + size + 512, DIRECT_READ_MIN))
+            return serve(self, offset, size)
+
+        monkeypatch.setattr(RapidgzipReader, "pread", pread_asking_on)
+        view = memoryview(bytearray(DIRECT_READ_MIN))
+        assert (
+            member.preadinto(300_000, view) == DIRECT_READ_MIN
+            and bytes(view) == big[300_000 : 300_000 + DIRECT_READ_MIN]
+        )
+        assert asked == [True]
+
+
 @pytest.mark.parametrize("isal", [True, False])
 def test_span_misses_use_single_threaded_decoders_and_large_reads_parallel_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isal: bool

@@ -238,15 +238,18 @@ class _GzipReader(PooledReader):
         crcs = self._crcs
         if crcs is None or offset < 0:
             return super().preadinto(offset, view)
-        if not self._parallel(offset, len(view)):
+        # (The end a read asks for is noted before it is served: the kernel's read-ahead sends the
+        # next piece of a file while this one is being decoded, and that one goes on from here.
+        # Noted after, a `cat` of a 440 MB member through the mount took 2.3 s instead of 1.6.)
+        end = offset + len(view)
+        parallel = self._parallel(offset, len(view))
+        self._ends.append(end)
+        if not parallel:
             data = self.pread(offset, len(view))
             view[: len(data)] = data
-            self._ends.append(offset + len(data))
             return len(data)
-        done = self._checked_parallel_into(crcs, offset, view)
-        self._ends.append(offset + done)
-        self._parallel_ends.append(offset + done)
-        return done
+        self._parallel_ends.append(end)
+        return self._checked_parallel_into(crcs, offset, view)
 
     def _parallel(self, offset: int, size: int) -> bool:
         """Whether a read goes to the parallel decoders rather than the span cache. They decode
