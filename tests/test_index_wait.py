@@ -114,3 +114,20 @@ def test_when_the_other_build_is_killed_the_waiting_mount_builds_the_index(
     assert any("waiting" in m for m in messages) and any(m.startswith("Creating index") for m in messages), messages
     names = sorted(p.name for p in (tmp_path / "idx").iterdir())
     assert len(names) == 2 and any(".tmp-" in name for name in names), names  # (the killed one's, left for MIN_AGE)
+
+
+def test_recreate_index_builds_even_while_another_process_builds(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``--recreate-index`` asks for a build of this process's own: it does not wait for one."""
+    child = _start_builder(tmp_path, "never")
+    try:
+        options = OpenOptions(index=IndexOptions(index_folders=(str(tmp_path / "idx"),), recreate=True, progress=False))
+        with caplog.at_level(logging.INFO, logger="ratarmountcore"):
+            with ratarmountcore.open(str(tmp_path / "a.tar"), options) as src:
+                assert all(src.read("/" + name) == data for name, data in FILES.items())
+    finally:
+        child.kill()
+        child.wait()
+    messages = _messages(caplog)
+    assert not any("waiting" in m for m in messages) and any(m.startswith("Creating index") for m in messages)

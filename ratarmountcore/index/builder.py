@@ -282,7 +282,7 @@ def open_or_build(
         if not folder_writable(target):
             causes[target] = "its folder cannot be written"
             continue
-        if _waited_for_another_build(target, archive_path):
+        if not options.recreate and _waited_for_another_build(target, archive_path):  # (asked to build: builds)
             built = _existing([target], stats, build_options, archive_path, None)
             if built is not None:
                 return built
