@@ -121,13 +121,22 @@ def test_recreate_index_builds_even_while_another_process_builds(
 ) -> None:
     """``--recreate-index`` asks for a build of this process's own: it does not wait for one."""
     child = _start_builder(tmp_path, "never")
-    try:
+    found: List[bool] = []
+
+    def open_recreating() -> None:
         options = OpenOptions(index=IndexOptions(index_folders=(str(tmp_path / "idx"),), recreate=True, progress=False))
+        with ratarmountcore.open(str(tmp_path / "a.tar"), options) as src:
+            found.append(all(src.read("/" + name) == data for name, data in FILES.items()))
+
+    try:
         with caplog.at_level(logging.INFO, logger="ratarmountcore"):
-            with ratarmountcore.open(str(tmp_path / "a.tar"), options) as src:
-                assert all(src.read("/" + name) == data for name, data in FILES.items())
+            opener = threading.Thread(target=open_recreating, daemon=True)
+            opener.start()
+            opener.join(20)
+            assert not opener.is_alive(), "it waited for the other build"
     finally:
         child.kill()
         child.wait()
+    assert found == [True]
     messages = _messages(caplog)
     assert not any("waiting" in m for m in messages) and any(m.startswith("Creating index") for m in messages)
