@@ -472,6 +472,33 @@ def test_a_read_that_goes_on_from_one_still_being_served_is_in_order(
         assert asked == [True]
 
 
+def test_a_member_streamed_in_small_pieces_goes_to_the_parallel_decoders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small reads each going on exactly from the last (``shutil.copyfileobj`` through the Python
+    API) are taken over by the parallel decoders after ``STREAM_RUN`` of them; small reads of
+    members one after the other (a header between them) are not."""
+    monkeypatch.setattr(PooledReader, "_start_warm", lambda self: setattr(self, "_warm", False))
+    from ratarmountcore.compression.gzip import STREAM_RUN
+
+    big = random.Random(12).randbytes(3_000_000)
+    compression = CompressionOptions(gzip_backend="rapidgzip", seek_point_spacing=256 * 1024, parallelization=2)
+    with _indexed_big_member(tmp_path, big, compression) as (src, member, reader):
+        piece = 64 * 1024
+        with src.open("/big.bin") as f:
+            for i in range(STREAM_RUN - 1):
+                assert f.read(piece) == big[i * piece : (i + 1) * piece]
+            assert reader.stats.decoders_created == 0  # (the span cache so far)
+            copied = f.read(piece)
+            rest = b"".join(iter(lambda: f.read(piece), b""))
+        assert copied + rest == big[(STREAM_RUN - 1) * piece :]
+        assert reader.stats.decoders_created == 1
+        gaps = memoryview(bytearray(1000))
+        for i in range(2 * STREAM_RUN):
+            assert member.preadinto(1_500_000 + 1512 * i, gaps) == 1000
+        assert reader.stats.decoders_created == 1
+
+
 @pytest.mark.parametrize("isal", [True, False])
 def test_span_misses_use_single_threaded_decoders_and_large_reads_parallel_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isal: bool
