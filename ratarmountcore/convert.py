@@ -12,6 +12,7 @@ of the new file does not scan anything.
 
 from __future__ import annotations
 
+import array
 import collections
 import logging
 import os
@@ -85,7 +86,7 @@ class FrameWriter:
         self._level = level
         self._threads = max(1, threads)
         self._executor = ThreadPoolExecutor(self._threads, thread_name_prefix="zstd-frame")
-        self._inflight: Deque[Tuple["Future[Tuple[bytes, Any]]", int]] = collections.deque()
+        self._inflight: Deque[Tuple["Future[Tuple[bytes, array.array[int]]]", int]] = collections.deque()
         self._pending = bytearray()
         self._local = threading.local()
         self._offset = 0
@@ -96,7 +97,7 @@ class FrameWriter:
         #: random reads of 20-200 KB members in 4 MiB frames through the mount: 4.4 -> 2.x s).
         self.crcs = FrameCrcs({})
 
-    def _compress(self, chunk: bytes) -> Tuple[bytes, Any]:
+    def _compress(self, chunk: bytes) -> "Tuple[bytes, array.array[int]]":
         compressor = getattr(self._local, "compressor", None)
         if compressor is None:
             compressor = self._local.compressor = self._zstd.ZstdCompressor(
