@@ -106,28 +106,27 @@ def open_compressed(
     fmt: FormatId,
     options: CompressionOptions,
     backend: Optional[str] = None,
-    announce: bool = True,
 ) -> CompressedReader:
-    """A ``CompressedReader`` for ``raw`` (an open ``PlainFileReader``, which it takes over).
-    ``announce``: warn when the backend is not the one the format prefers (off for archives
-    inside archives opened for reads: their scan said so already)."""
+    """A ``CompressedReader`` for ``raw`` (an open ``PlainFileReader``, which it takes over), with
+    ``backend`` (a name of ``BACKENDS``), else the first installed one for ``fmt``: for gzip,
+    indexed_gzip when the file is padded with zeros (``_zero_padded``), which rapidgzip refuses."""
     info = BACKENDS[backend] if backend else select_backend(fmt, options, path)
     if backend and not info.is_available():
         raise MissingBackendError(f"{path}: backend {backend} is not installed: `{info.install_hint}`")
-    if not backend and info.name == "rapidgzip" and not options.gzip_backend and _zero_padded(path, raw, announce):
+    if not backend and info.name == "rapidgzip" and not options.gzip_backend and _zero_padded(path, raw):
         info = BACKENDS["indexed_gzip"]
     reader = info.reader_class()(path, raw, options)
     logger.debug("Opened %s with backend %s", path, info.name)
     return reader
 
 
-def _zero_padded(path: str, raw: PlainFile, announce: bool) -> bool:
+def _zero_padded(path: str, raw: PlainFile) -> bool:
     """Whether a gzip file ends with zero-byte padding (as tape tools write; gzip(1) ignores
     it), which rapidgzip refuses: then indexed_gzip, which reads past it, decodes the file (one
     thread, where rapidgzip would use all cores), when it is installed."""
     if not gzip_zero_padded(raw) or not BACKENDS["indexed_gzip"].is_available():
         return False
-    (logger.warning if announce else logger.debug)(
+    logger.warning(
         "%s ends with zero bytes after its gzip data (padding, as tape tools write), which rapidgzip does not "
         "accept: decoding it with indexed_gzip (one thread)",
         path,

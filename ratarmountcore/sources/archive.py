@@ -375,16 +375,24 @@ class ArchiveSource(RenewedAfterFork, MountSource):
             reader = self._nested.get(row_id)
             if reader is None:
                 label = f"{self.path}:#{row_id}"
+                seek_points = NamespacedSeekPoints(self._index, row_id)
+                backend = None
+                if fmt == FormatId.GZIP.value and not self._compression.gzip_backend:
+                    # The backend its scan chose (indexed_gzip for one padded with zeros), told by
+                    # the seek points it stored: not by the archive's tail again, which inside a
+                    # compressed stream would be decoded at the first read of each.
+                    padded = bool(seek_points.seek_point_parts("indexed_gzip"))
+                    backend = _available("indexed_gzip" if padded else "rapidgzip")
                 if isinstance(outer, PlainFileReader):
                     compressed = open_nested_compressed(
-                        outer.fd, offset, size, FormatId(fmt), label, self._compression, announce=False
+                        outer.fd, offset, size, FormatId(fmt), label, self._compression, backend
                     )
                 else:
                     from ..compression.registry import open_compressed
 
                     window = StreamWindow(outer, offset, size, label)
-                    compressed = open_compressed(label, window, FormatId(fmt), self._compression, announce=False)
-                compressed.import_seek_points(NamespacedSeekPoints(self._index, row_id))
+                    compressed = open_compressed(label, window, FormatId(fmt), self._compression, backend)
+                compressed.import_seek_points(seek_points)
                 self._nested[row_id] = reader = compressed
                 self._expected.opened(FormatId(fmt), size)
             return reader

@@ -75,11 +75,17 @@ class NamespacedSeekPoints:
 
 
 def open_nested_compressed(
-    fd: int, offset: int, size: int, fmt: FormatId, label: str, options: CompressionOptions, announce: bool = True
+    fd: int,
+    offset: int,
+    size: int,
+    fmt: FormatId,
+    label: str,
+    options: CompressionOptions,
+    backend: Optional[str] = None,
 ) -> "CompressedReader":
     from ..compression.registry import open_compressed
 
-    return open_compressed(label, FileWindow(fd, offset, size, label), fmt, options, announce=announce)
+    return open_compressed(label, FileWindow(fd, offset, size, label), fmt, options, backend)
 
 
 @dataclass
