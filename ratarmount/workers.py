@@ -7,11 +7,12 @@ maybe indexes) an archive, without loading libfuse.
 from __future__ import annotations
 
 import logging
-import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 from ratarmountcore.cores import usable_cores
 from ratarmountcore.errors import RatarmountError
+
+from .mount_table import file_system_type, read_mountinfo
 
 logger = logging.getLogger(__name__)
 
@@ -30,43 +31,6 @@ NETWORK_FILE_SYSTEMS = frozenset(
         "fuse.gcsfuse", "fuse.rclone", "fuse.juicefs", "fuse.cvmfs2",
     }
 )  # fmt: skip
-
-
-def _unescape(field: str) -> str:
-    """Mount points in mountinfo have space, tab, newline and backslash as octal escapes."""
-    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
-
-
-def _read_mountinfo() -> str:
-    """This process's mount table ("" when it cannot be read)."""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def file_system_type(path: str, mountinfo: Optional[str] = None) -> str:
-    """The type of the file system that holds ``path`` ("" when it cannot be told): the mount
-    with the longest mount point above the path's real location in ``mountinfo`` (default:
-    this process's)."""
-    if mountinfo is None:
-        mountinfo = _read_mountinfo()
-    try:
-        target = os.path.realpath(path)
-    except OSError:
-        return ""
-    best, found = -1, ""
-    for line in mountinfo.splitlines():
-        head, separator, tail = line.partition(" - ")
-        fields = head.split(" ")
-        if not separator or len(fields) < 5 or not tail:
-            continue
-        point = _unescape(fields[4])
-        inside = target == point or target.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= best:  # (later mounts over the same point hide earlier ones)
-            best, found = len(point), tail.split(" ")[0]
-    return found
 
 
 def default_max_threads(archives: Sequence[str] = ()) -> int:
@@ -90,7 +54,7 @@ def default_max_threads(archives: Sequence[str] = ()) -> int:
     threads = max(2, min(usable_cores(), MAX_THREADS_CAP))
     if threads >= NETWORK_MIN_THREADS or not archives:
         return threads
-    mounts = _read_mountinfo()  # once: a union of hundreds of archives, a node with many mounts
+    mounts = read_mountinfo()  # once: a union of hundreds of archives, a node with many mounts
     for archive in archives:
         kind = file_system_type(archive, mounts)
         if kind in NETWORK_FILE_SYSTEMS:

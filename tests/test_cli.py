@@ -543,6 +543,31 @@ def test_unmount_of_non_mount_fails(tmp_path: Path) -> None:
     assert result.returncode != 0 and "not a mount point" in result.stderr
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs and a bind mount needs root")
+@pytest.mark.parametrize("kind", ["tmpfs", "bind"])
+def test_unmount_leaves_other_file_systems_mounted(tmp_path: Path, kind: str) -> None:
+    """``-u`` of a tmpfs or a bind mount: as root, the ``umount`` fallback after fusermount took
+    away any file system (found by a review of bad input); a bind mount of a folder on the same
+    file system was called "not a mount point" (``os.path.ismount``)."""
+    point = tmp_path / "point"
+    point.mkdir()
+    if kind == "tmpfs":
+        command = ["mount", "-t", "tmpfs", "none", str(point)]
+    else:
+        (tmp_path / "src").mkdir()
+        command = ["mount", "--bind", str(tmp_path / "src"), str(point)]
+    if subprocess.run(command, capture_output=True).returncode != 0:
+        pytest.skip(f"cannot {' '.join(command[:3])} here")
+    try:
+        result = run_ratarmount("-u", str(point))
+        assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert f"{point} is not a ratarmount mount (" in result.stderr and "left mounted" in result.stderr
+        with open("/proc/self/mountinfo") as f:
+            assert f" {point} " in f.read()
+    finally:
+        subprocess.run(["umount", str(point)], check=False)
+
+
 @requires_fuse
 def test_unmount_waits_a_moment_while_the_mount_is_busy(mounter: Mounter, archive: Path) -> None:
     """``-u`` of a mount in use for a moment (the mount lists folders through its mount point for
