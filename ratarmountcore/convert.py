@@ -264,6 +264,10 @@ def convert_to_seekable_zstd(
     if not os.path.isdir(out_folder):
         raise NotFoundError(2, f"{out_folder}: no such folder for the output")
     check_named_folders(options.index)
+    index_file = options.index.index_file
+    if index_file and os.path.realpath(os.path.expanduser(index_file)) == os.path.realpath(dst_path):
+        # (The index is committed first, then the output renamed over it: no index at all.)
+        raise ArchiveError(f"{dst_path}: the index file would overwrite the output (name another --index-file)")
     if os.path.exists(dst_path):
         if os.path.exists(src_path) and os.path.samefile(src_path, dst_path):
             raise ArchiveError(f"{dst_path}: the output would overwrite the input")

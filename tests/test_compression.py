@@ -1705,6 +1705,25 @@ def test_an_index_that_cannot_be_made_on_a_full_disk_fails_the_conversion(
     assert sorted(os.listdir(tmp_path)) == ["data.tar", "disk"]
 
 
+def test_an_index_file_named_as_the_output_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--index-file OUT`` with output OUT: the index was committed, then the output renamed
+    over it; status 0 and no index anywhere (found by a review of bad input). Also with
+    ``--force`` over an existing output, which stays as it was."""
+    from ratarmount.convert_cli import main
+
+    source = tmp_path / "data.tar"
+    source.write_bytes(tar_bytes({f"d/f{i}": b"x" * i for i in range(50)}))
+    out = tmp_path / "out.tar.zst"
+    for spelling, extra in ((str(out), []), (str(tmp_path / "d" / ".." / "out.tar.zst"), ["--force"])):
+        assert main([str(source), str(out), "--no-progress", "--index-file", spelling, *extra]) == 1
+        assert capsys.readouterr().err == (
+            f"ratarmount-convert: error: {out}: the index file would overwrite the output (name another --index-file)\n"
+        )
+        assert sorted(os.listdir(tmp_path)) == ["data.tar", *(["out.tar.zst"] if extra else [])]
+        out.write_bytes(b"kept")
+    assert out.read_bytes() == b"kept"
+
+
 def test_the_converter_names_a_truncated_tar_in_its_error(tmp_path: Path) -> None:
     """As a mount names it (the converter said only "archive ends inside member data ...")."""
     whole = tar_bytes({f"f{i}": os.urandom(100_000) for i in range(3)})
