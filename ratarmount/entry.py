@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 def _run(module: str, program: str, argv: Optional[Sequence[str]]) -> int:
     # (light: signals and contextlib)
-    from .termination import STOP_SIGNALS, STOPPED_STATUSES, ended_by, exit_status
+    from .termination import STOP_SIGNALS, ended_by, exit_status
 
     try:
         status: int = importlib.import_module(module).main(argv)
@@ -26,11 +26,12 @@ def _run(module: str, program: str, argv: Optional[Sequence[str]]) -> int:
         # fuzzing), or between the blocks that report an interruption themselves.
         print(f"{program}: {ended_by(interrupt)}", file=sys.stderr)
         status = exit_status(interrupt)
-    if status in STOPPED_STATUSES:
-        # Ended by a stop signal: another one while Python shuts down (its threads, finalizers)
-        # would end it by the default action instead, with another status (found by fuzzing).
-        for number in STOP_SIGNALS:
-            signal.signal(number, signal.SIG_IGN)
+    # The command is done, whatever its status: a stop signal while Python shuts down (its
+    # threads, finalizers) would end it by the default action, with another status and no word
+    # -- after a stop signal (found by fuzzing), or after a conversion whose output was already
+    # in place (status -2, and the output left: found by a review of bad input).
+    for number in STOP_SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
     return status
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -58,3 +60,31 @@ def test_stop_signals_from_main_are_reported_by_their_names(monkeypatch: pytest.
     finally:
         for number, handler in saved.items():
             signal.signal(number, handler)
+
+
+#: A conversion, then a Ctrl-C while Python shuts down (an exit handler stands in for the
+#: signal that arrives just after the output was put in place).
+_INTERRUPTED_AFTER_CONVERTING = """
+import atexit, io, os, signal, sys, tarfile, time
+with tarfile.open("in.tar", "w") as tar:
+    info = tarfile.TarInfo("f")
+    info.size = 5
+    tar.addfile(info, io.BytesIO(b"hello"))
+def late():
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)
+atexit.register(late)
+from ratarmount import entry
+raise SystemExit(entry.convert(["--no-progress", "in.tar", "out.tar.zst"]))
+"""
+
+
+def test_a_stop_signal_after_a_conversion_changes_nothing(tmp_path: Path) -> None:
+    """The output in place and its index written: a Ctrl-C while Python shut down killed the
+    converter by the signal (status -2, no word), so a script took the finished conversion for
+    a failed one (found by a review of bad input). Now the status stays 0."""
+    result = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_AFTER_CONVERTING], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert result.returncode == 0 and result.stderr == "", (result.returncode, result.stderr)
+    assert sorted(os.listdir(tmp_path)) == ["in.tar", "out.tar.zst", "out.tar.zst.index.sqlite"]
