@@ -96,7 +96,7 @@ def _peer_like_index(path: Path) -> bytes:
     return path.read_bytes()
 
 
-@pytest.mark.parametrize("kind", ["garbage", "peer"])
+@pytest.mark.parametrize("kind", ["garbage", "peer", "empty", "folder"])
 def test_another_programs_file_at_the_index_path_is_left_alone(
     kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -106,17 +106,24 @@ def test_another_programs_file_at_the_index_path_is_left_alone(
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     archive = make_tar(tmp_path / "a.tar", 10)
     beside = tmp_path / "a.tar.index.sqlite"
+    original = b""
     if kind == "garbage":
         beside.write_bytes(b"garbage" * 100)
         original = beside.read_bytes()
-    else:
+    elif kind == "peer":
         original = _peer_like_index(beside)
+    elif kind == "empty":
+        beside.touch()
+    else:
+        beside.mkdir()
     with caplog.at_level(logging.INFO, logger="ratarmountcore"):
         with ratarmountcore.open(str(archive)) as src:
             assert src.read("/d0/f0") == b"0"
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warnings) == 1 and str(beside) in warnings[0] and "Leaving" in warnings[0]
-    assert beside.read_bytes() == original
+    # What the file is, said as such (an empty file or a folder was "another program's?").
+    why = {"empty": "an empty file", "folder": "a folder"}.get(kind, "not a ratarmount index; another program's?")
+    assert len(warnings) == 1 and warnings[0].startswith(f"Leaving {beside} ({why}) alone; writing the index to ")
+    assert beside.is_dir() if kind == "folder" else beside.read_bytes() == original
     cached = list((tmp_path / "home" / ".cache" / "ratarmount").glob("a.tar.*.index.sqlite"))
     assert len(cached) == 1 and written_by_us(str(cached[0])) and not written_by_us(str(beside))
     caplog.clear()
@@ -124,7 +131,7 @@ def test_another_programs_file_at_the_index_path_is_left_alone(
         with ratarmountcore.open(str(archive)) as src:
             assert src.read("/d9/f9") == b"9"
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or "Creating index" in r.getMessage()]
-    assert beside.read_bytes() == original
+    assert beside.is_dir() if kind == "folder" else beside.read_bytes() == original
 
 
 def test_an_explicit_index_file_of_another_program_is_refused(tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ from ..options import IndexOptions
 from . import full_folders, stale
 from .fingerprint import ArchiveStats
 from .locations import TEMPORARY_EXTRA, candidate_paths, folder_writable
-from .sqlite_index import IndexReader, IndexWriter, foreign_file, written_by_us
+from .sqlite_index import IndexReader, IndexWriter, foreign_file, why_left_alone, written_by_us
 
 logger = logging.getLogger(__name__)
 
@@ -300,8 +300,8 @@ def open_or_build(
             continue
         if foreign:
             logger.warning(
-                "Leaving %s alone (not a ratarmount index of ours; another program's?); writing the index to %s",
-                ", ".join(foreign),
+                "Leaving %s alone; writing the index to %s",
+                ", ".join(f"{path} ({why_left_alone(path)})" for path in foreign),
                 target,
             )
         logger.info("Creating index %s", target)
@@ -323,13 +323,7 @@ def open_or_build(
                 f"{archive_path}: cannot write its index {target} ({cause})", target, cause
             ) from None
         return _open_built(target, writer.identity, stats, build_options, archive_path)
-    held = ""
-    if foreign:
-        folders = [path for path in foreign if os.path.isdir(path)]
-        held = f" ({', '.join(folders)}: a folder)" if folders else ""
-        files = [path for path in foreign if path not in folders]
-        if files:
-            held += f" ({', '.join(files)} is not an index of ours, perhaps another program's, and is left alone)"
+    held = "".join(f" ({path}: {why_left_alone(path)}, left alone)" for path in foreign)
     tried = [*failed, *candidates]
     raise IndexNotWritableError(
         f"{archive_path}: cannot write an index to any of "

@@ -157,6 +157,18 @@ def foreign_file(path: str) -> bool:
     return os.path.lexists(path) and not written_by_us(path)
 
 
+def why_left_alone(path: str) -> str:
+    """Why ``foreign_file(path)``: what the file at ``path`` is, as a warning says it."""
+    if os.path.isdir(path):
+        return "a folder"
+    try:
+        with open(path, "rb") as file:
+            empty = not file.read(1)
+    except OSError as exc:
+        return f"it cannot be read: {(exc.strerror or str(exc)).lower()}"
+    return "an empty file" if empty else "not a ratarmount index; another program's?"
+
+
 def _sql(name: str) -> str:
     """The SQL file ``name`` of this package: read beside this module (the package is installed
     as files); through ``importlib.resources`` only where it is not (a zip). That module pulls in
