@@ -276,8 +276,10 @@ def check_binding(options: MountOptions) -> None:
 
 def mount(options: MountOptions) -> int:
     for path in options.sources:
-        if not os.path.exists(path):
-            raise RatarmountError(f"{path}: no such file or directory")
+        try:
+            os.stat(path)
+        except OSError as exc:  # (a dangling link or a loop of links names its own cause)
+            raise RatarmountError(f"{path}: {(exc.strerror or 'cannot be opened').lower()}") from None
         if not os.path.isdir(path) and not os.access(path, os.R_OK):  # (named before FUSE's own checks)
             raise RatarmountError(f"{path}: permission denied")
     check_named_folders(options.open_options.index)  # (before a mount point is made)

@@ -303,6 +303,8 @@ BAD_INPUTS = {
     ),
     "corrupt_checksum": (corrupt_header, "checksum"),
     "missing": (lambda p: p, "no such file"),
+    # (A loop of links was said to be missing.)
+    "link_loop": (lambda p: (os.symlink(p.name, p), p)[1], "too many levels of symbolic links"),
     # (A folder is a source, not bad input: tests/test_directory_source.py.)
     # Opening a FIFO for reading waits for a writer: the mount must refuse it, not hang.
     "fifo": (lambda p: (os.mkfifo(p), p)[1], "not a regular file"),
@@ -330,6 +332,7 @@ def test_bad_input_gives_one_line_error(tmp_path: Path, private_home: Path, case
     assert not os.path.ismount(mnt)
     assert leftovers(work, private_home) == []
     assert [p.name for p in work.iterdir()] == ([] if case == "missing" else ["bad.tar"])
+    assert case != "link_loop" or os.readlink(path) == "bad.tar"
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="drops privileges to make the archive unreadable")
