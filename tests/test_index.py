@@ -607,6 +607,23 @@ def test_a_missing_folder_named_for_the_index_is_an_error_and_not_made(tmp_path:
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
+@pytest.mark.parametrize("named", ["index_file", "index_folders"])
+def test_a_file_named_as_the_index_folder_is_said_not_to_be_one(tmp_path: Path, named: str) -> None:
+    """It was "its folder cannot be written" (found by a review of bad input)."""
+    archive = make_tar(tmp_path / "a.tar", 3)
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"not a folder")
+    if named == "index_file":
+        options = IndexOptions(index_file=str(plain / "x.sqlite"))
+    else:
+        options = IndexOptions(index_folders=(str(plain),))
+    with pytest.raises(
+        NotADirectoryError, match=f"^{plain}: the (index folder|folder of the index file .*) is not a folder$"
+    ):
+        ratarmountcore.open(str(archive), OpenOptions(index=options))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.tar", "plain"]
+
+
 @pytest.mark.parametrize("mode", ["w", "w:gz"])
 def test_an_index_that_fills_its_disk_is_built_at_the_next_location(
     small_disk: Path, tmp_path: Path, mode: str, caplog: pytest.LogCaptureFixture

@@ -6,7 +6,7 @@ import os
 from typing import List
 
 from ..digest import sha256
-from ..errors import IndexFolderNotFoundError
+from ..errors import IndexFolderNotFoundError, NotADirectoryRatarmountError
 from ..io.host_paths import absolute
 from ..options import DEFAULT_CACHE_FOLDER, IndexOptions
 
@@ -68,6 +68,8 @@ def check_named_folders(options: IndexOptions) -> None:
         folder = os.path.dirname(index_file)
         if not os.path.exists(folder):
             raise IndexFolderNotFoundError(f"{folder}: the folder of the index file {index_file} does not exist")
+        if not os.path.isdir(folder):
+            raise NotADirectoryRatarmountError(f"{folder}: the folder of the index file {index_file} is not a folder")
         return
     for name in options.index_folders:
         if not name:
@@ -75,6 +77,8 @@ def check_named_folders(options: IndexOptions) -> None:
         folder = absolute(os.path.expanduser(name))
         if folder != _default_cache() and not os.path.exists(folder):
             raise IndexFolderNotFoundError(f"{folder}: the index folder does not exist")
+        if os.path.exists(folder) and not os.path.isdir(folder):  # (was "its folder cannot be written")
+            raise NotADirectoryRatarmountError(f"{folder}: the index folder is not a folder")
 
 
 def folder_writable(path: str) -> bool:
