@@ -55,3 +55,19 @@ def threads(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: 0 (the usable cores) or more")
     return value
+
+
+#: zstd's compression levels: 1 (fast) to 22 (small); negative levels trade ratio for speed.
+ZSTD_LEVELS = (-(1 << 17), 22)
+
+
+def zstd_level(text: str) -> int:
+    """A zstd compression level (0 is zstd's default, 3)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    low, high = ZSTD_LEVELS
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{text!r}: a zstd level, 1 to {high} (or negative, faster)")
+    return value

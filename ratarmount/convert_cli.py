@@ -14,7 +14,7 @@ from ratarmountcore import __version__
 from ratarmountcore.errors import RatarmountError
 from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
 
-from .arg_types import frame_mib, threads
+from .arg_types import frame_mib, threads, zstd_level
 from .cli import parse_index_folders
 from .termination import ended_by, exit_status, sigterm_raises
 
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="uncompressed bytes per independent zstd frame, in MiB (default 4, at least 0.0625); smaller "
         "seeks faster, larger compresses better",
     )
-    parser.add_argument("-l", "--level", type=int, default=3, help="zstd compression level (default 3)")
+    parser.add_argument("-l", "--level", type=zstd_level, default=3, help="zstd compression level (default 3)")
     parser.add_argument("-f", "--force", action="store_true", help="replace OUTPUT if it exists")
     parser.add_argument(
         "-P",

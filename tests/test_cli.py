@@ -1127,13 +1127,15 @@ def test_sigterm_during_the_first_index_build_leaves_nothing(
         ("--frame-size", "nan"),
         ("--frame-size", "0"),
         ("--frame-size", "0.0000001"),
+        ("--level", "100"),  # (zstd's "level must be less than 23", status 1, naming no option)
+        ("--level", "-200000"),
     ],
 )
 def test_sizes_and_counts_out_of_range_are_usage_errors(tmp_path: Path, option: str, value: str) -> None:
     """``inf``/``nan`` went on to ``int()`` and ended in a traceback (found by fuzzing)."""
     archive = tmp_path / "a.tar"
     archive.write_bytes(tar_bytes({"f": b"abc"}))
-    if option == "--frame-size":
+    if option in ("--frame-size", "--level"):
         command = [
             sys.executable,
             "-m",

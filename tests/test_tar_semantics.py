@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import io
+import logging
 import os
 import stat
 import subprocess
@@ -841,6 +842,24 @@ def test_hard_links_through_linked_folders(tmp_path: Path) -> None:
         compare_trees(expected, snapshot_source(s), check_root=False, label="through links")
         assert s.read("/h1") == s.read("/h3") == b"in real" and s.info("/real/f").nlink == 3
         assert s.info("/h1").uid == 7 and s.read("/h2") == b"deeper" and s.read("/h4") == b"beside"
+
+
+@pytest.mark.parametrize("name", ["..", "/", "."])
+def test_a_file_named_as_the_root_is_ignored_with_a_warning_in_words(
+    tmp_path: Path, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warning named the member's kind by its index code ("the f member '/'", found by a
+    review of bad input)."""
+    archive = tmp_path / "root.tar"
+    with tarfile.open(archive, "w", format=tarfile.GNU_FORMAT) as tar:
+        _add(tar, name, b"data")
+        _add(tar, "kept", b"kept")
+    with caplog.at_level(logging.WARNING, logger="ratarmountcore"):
+        with ratarmountcore.open(str(archive), FRESH) as s:
+            assert s.listdir("/") == ["kept"] and s.read("/kept") == b"kept"
+    assert [r.getMessage() for r in caplog.records] == [
+        'Ignoring a file member named as the root folder ("/", "." or ".."), which it would replace'
+    ]
 
 
 def test_members_tar_cannot_make_leave_what_was_there(tmp_path: Path) -> None:

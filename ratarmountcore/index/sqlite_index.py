@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..errors import InvalidIndexError, OtherOptionsIndexError, StaleIndexError
-from ..tar.scanner import KIND_DIR, KIND_HARDLINK, KIND_SYMLINK, MemberRecord
+from ..tar.scanner import KIND_DIR, KIND_HARDLINK, KIND_SYMLINK, KIND_WORDS, MemberRecord
 from . import dirents, extraction_order, stale
 from .fingerprint import ArchiveStats
 from .locations import temporary_path
@@ -325,7 +325,10 @@ class IndexWriter:
             if kind != KIND_DIR:
                 # A file, link or device named ".", "/" or "./": GNU tar cannot put it in place
                 # of the extraction folder ("File exists"), and the root must stay a directory.
-                logger.warning("Ignoring the %s member %r: it would replace the root folder", kind, path)
+                logger.warning(
+                    'Ignoring a %s member named as the root folder ("/", "." or ".."), which it would replace',
+                    KIND_WORDS.get(kind, kind),
+                )
                 return row_id
             parent, name = b"", b""
         else:

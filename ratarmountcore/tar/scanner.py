@@ -44,6 +44,16 @@ KIND_HARDLINK = "h"
 KIND_CHAR = "c"
 KIND_BLOCK = "b"
 KIND_FIFO = "p"
+#: What a warning calls a member of each kind.
+KIND_WORDS = {
+    KIND_FILE: "file",
+    KIND_DIR: "folder",
+    KIND_SYMLINK: "symbolic link",
+    KIND_HARDLINK: "hard link",
+    KIND_CHAR: "character device",
+    KIND_BLOCK: "block device",
+    KIND_FIFO: "FIFO",
+}
 
 _KIND_BITS = {
     KIND_FILE: stat.S_IFREG,
