@@ -38,7 +38,10 @@ def affinity_cores() -> int:
 
 def _read(path: str) -> Optional[str]:
     try:
-        with open(path, encoding="ascii", errors="replace") as f:
+        # (UTF-8, whose codec every interpreter has loaded: "ascii" imported its module on the
+        # first mount, which fails where the interpreter's files cannot be read, as for a test's
+        # process that became "nobody".)
+        with open(path, encoding="utf-8", errors="replace") as f:
             return f.read()
     except OSError:
         return None
