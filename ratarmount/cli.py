@@ -427,17 +427,21 @@ def unmount_all(mountpoints: Sequence[str], debug: int = 0) -> int:
 
 
 def setup_logging(debug: int) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if debug else logging.WARNING,
-        format="ratarmount: %(levelname)s: %(message)s" if debug else "ratarmount: %(message)s",
+    from .messages import setup_stderr_logging
+
+    setup_stderr_logging(
+        logging.DEBUG if debug else logging.WARNING,
+        "ratarmount: %(levelname)s: %(message)s" if debug else "ratarmount: %(message)s",
     )
 
 
 def describe(exc: BaseException) -> str:
-    """One line naming the file and the cause."""
+    """One line naming the file and the cause (see ``messages.printable``)."""
+    from .messages import printable
+
     if isinstance(exc, OSError) and exc.strerror:
-        return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
-    return str(exc)
+        return printable(f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror)
+    return printable(str(exc))
 
 
 def quiet_broken_pipe() -> int:

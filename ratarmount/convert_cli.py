@@ -16,6 +16,7 @@ from ratarmountcore.options import CompressionOptions, IndexOptions, OpenOptions
 
 from .arg_types import frame_mib, threads, zstd_level
 from .cli import parse_index_folders
+from .messages import printable, setup_stderr_logging
 from .termination import ended_by, exit_status, sigterm_raises
 
 logger = logging.getLogger("ratarmount.convert")
@@ -68,9 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.debug else logging.WARNING, format="ratarmount-convert: %(message)s"
-    )
+    setup_stderr_logging(logging.DEBUG if args.debug else logging.WARNING, "ratarmount-convert: %(message)s")
     folders = parse_index_folders(args.index_folders)
     options = OpenOptions(
         index=IndexOptions(index_file=args.index_file, index_folders=folders, progress=not args.no_progress),
@@ -85,10 +84,15 @@ def _convert(args: argparse.Namespace, options: OpenOptions) -> int:
     from ratarmountcore.convert import convert_to_seekable_zstd
 
     if os.path.isdir(args.output):
-        print(f"ratarmount-convert: error: {args.output} is a folder; name the file to write", file=sys.stderr)
+        print(
+            f"ratarmount-convert: error: {printable(args.output)} is a folder; name the file to write", file=sys.stderr
+        )
         return 1
     if os.path.lexists(args.output) and not args.force:
-        print(f"ratarmount-convert: error: {args.output} already exists (use --force to replace it)", file=sys.stderr)
+        print(
+            f"ratarmount-convert: error: {printable(args.output)} already exists (use --force to replace it)",
+            file=sys.stderr,
+        )
         return 1
     try:
         result = convert_to_seekable_zstd(
@@ -110,8 +114,8 @@ def _convert(args: argparse.Namespace, options: OpenOptions) -> int:
             text = f"{exc.filename}: {text}"
         elif isinstance(exc, OSError) and exc.errno in _WRITE_ERRNOS and not exc.filename:
             text = f"{args.output}: {text}"  # (a write's error names no file: it can only be the output's)
-        message = text.splitlines()[0] if text else type(exc).__name__
-        print(f"ratarmount-convert: error: {message}", file=sys.stderr)
+        # (On one line: a name may hold a newline, so none is cut off; see messages.printable.)
+        print(f"ratarmount-convert: error: {printable(text) if text else type(exc).__name__}", file=sys.stderr)
         return 1
     if sys.stderr.isatty() and not args.no_progress:
         print(

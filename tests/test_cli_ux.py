@@ -180,3 +180,35 @@ def test_an_index_built_with_other_options_is_said_to_be_so(
     index = f"{archive}.index.sqlite"
     assert len(lines) == 1 and f"Index {index} was built with other options (" in lines[0], result.stderr
     assert f"now {said}); it will be rebuilt" in lines[0] and "does not match" not in lines[0]
+
+
+@requires_fuse
+def test_names_with_newlines_escapes_and_bytes_not_utf8_are_printed_on_one_line(tmp_path: Path) -> None:
+    """A newline in a name split an error over two lines, an escape sequence reached the
+    terminal, and bytes that are not UTF-8 were "?" from one command and "\\udcff" from the
+    other (found by a review of bad input). Warnings about members likewise."""
+    import sys
+
+    path = tmp_path / "bad\n\x1b[31mname\udcff.tar"
+    path.write_bytes(b"not an archive\n" * 100)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    convert = [sys.executable, "-m", "ratarmount.convert_cli", "--no-progress"]
+    try:
+        mounted = run_ratarmount(str(path), str(mnt), timeout=60)
+    finally:
+        lazy_unmount(mnt)
+    converted = subprocess.run([*convert, str(path), str(tmp_path / "o.tar.zst")], capture_output=True, timeout=60)
+    for result in (mounted.stderr.encode(), converted.stderr):
+        assert result.count(b"\n") == 1 and b"\x1b" not in result, result
+        assert b"/bad\\n\\x1b[31mname\\xff.tar: n" in result, result  # (not a tar / neither a tar ...)
+    assert mounted.returncode == converted.returncode == 1
+
+    archive = tmp_path / "links.tar"
+    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("a\nb")
+        info.type, info.linkname = tarfile.LNKTYPE, "missing\x1b[31m"
+        tar.addfile(info)
+    warned = subprocess.run([*convert, str(archive), str(tmp_path / "l.tar.zst")], capture_output=True, timeout=60)
+    assert warned.returncode == 0 and warned.stderr.count(b"\n") == 1, warned.stderr
+    assert b"/a\\nb to /missing\\x1b[31m cannot be made" in warned.stderr
