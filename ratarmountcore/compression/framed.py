@@ -149,6 +149,10 @@ PARTIAL_CURSOR_BYTES = FRAME_CACHE_BYTES
 #: Frames of at least this many bytes that the first pass reaches before they were decoded
 #: ahead are streamed to it rather than decoded whole first.
 SCAN_STREAM_MIN = 8 * 1024 * 1024
+#: Files whose frames carry no checksums named in a warning each, per process (the rest in one).
+UNCHECKED_REPORTED = 3
+_unchecked_reported = 0
+_unchecked_lock = threading.Lock()
 
 
 class FrameCache(Competition):
@@ -432,6 +436,8 @@ class FramedReader(CompressedReader):
 
     def export_seek_points(self, writer: SeekPointWriter) -> None:
         table = self.frames
+        if self._crc_table is None:  # the first pass (not a conversion of an indexed file)
+            self._warn_unchecked(table)
         self._verify_large_frames(table)
         assert not table.open_end, "the last frame's size is settled by decoding it to its end"
         crcs = self._complete_crcs(table)
@@ -440,6 +446,38 @@ class FramedReader(CompressedReader):
         # The first pass read it all: it counts again from the next read.
         self._counted = False
         FRAME_CACHE.opened(self._token, 0)
+
+    def _warn_unchecked(self, table: FrameTable) -> None:
+        """Frames without a checksum of their own (``zstd --no-check``, python-zstandard's
+        default, ``xz --check=none``): damage done before this first pass is read as data, and
+        nothing can tell it from an intact file (found by fuzzing: a flipped byte in a stored
+        block came back as a wrong byte). Later damage is caught by the block checksums the
+        index records now."""
+        unchecked = sum(1 for frame in range(len(table)) if not self._self_checked(frame, table))
+        if not unchecked:
+            return
+        with _unchecked_lock:
+            global _unchecked_reported
+            _unchecked_reported += 1
+            said = _unchecked_reported
+        if said > UNCHECKED_REPORTED:  # (a tar of 1,000 class archives made without checksums)
+            if said == UNCHECKED_REPORTED + 1:
+                logger.warning("More compressed files without checksums; they are not named each")
+            logger.debug("%s: frames without checksums", self.path)
+            return
+        fmt, count = self.format_name, len(table)
+        if count == 1:
+            which = f"its {fmt} frame carries no checksum"
+        elif unchecked == count:
+            which = f"none of its {count} {fmt} frames carries a checksum"
+        else:
+            which = f"{unchecked} of its {count} {fmt} frames carry no checksum"
+        logger.warning(
+            "%s: %s: damage from before this first mount cannot be detected (later damage is, by "
+            "the checksums its index records now)",
+            self.path,
+            which,
+        )
 
     def _complete_crcs(self, table: FrameTable) -> FrameCrcs:
         """The block checksums of every frame that needs them: frames the first pass skipped
