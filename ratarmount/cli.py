@@ -376,12 +376,16 @@ def unmount(mountpoint: str) -> None:
     from .mount_table import OUR_TYPE, mounted_at, read_mountinfo
 
     mountinfo = read_mountinfo()
-    kind = mounted_at(mountpoint, mountinfo) if mountinfo else ("?" if os.path.ismount(mountpoint) else None)
-    if kind is None:
-        raise RatarmountError(f"{mountpoint} is not a mount point")
-    if kind not in (OUR_TYPE, "?"):
-        # (As root, umount below would take any file system away: a tmpfs, another tool's mount.)
-        raise RatarmountError(f"{mountpoint} is not a ratarmount mount ({kind}): left mounted")
+    if not mountinfo:  # (no /proc: whether it is a mount at all is what can be told)
+        if not os.path.ismount(mountpoint):
+            raise RatarmountError(f"{mountpoint} is not a mount point")
+    else:
+        kind = mounted_at(mountpoint, mountinfo)
+        if kind is None:
+            raise RatarmountError(f"{mountpoint} is not a mount point")
+        if kind != OUR_TYPE:
+            # (As root, umount below would take any file system away: a tmpfs, another tool's mount.)
+            raise RatarmountError(f"{mountpoint} is not a ratarmount mount ({kind}): left mounted")
     for tool, args in (("fusermount3", ["-u"]), ("fusermount", ["-u"]), ("umount", [])):
         exe = shutil.which(tool)
         if exe is None:

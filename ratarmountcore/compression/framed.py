@@ -453,11 +453,11 @@ class FramedReader(CompressedReader):
         nothing can tell it from an intact file (found by fuzzing: a flipped byte in a stored
         block came back as a wrong byte). Later damage is caught by the block checksums the
         index records now."""
+        global _unchecked_reported
         unchecked = sum(1 for frame in range(len(table)) if not self._self_checked(frame, table))
         if not unchecked:
             return
         with _unchecked_lock:
-            global _unchecked_reported
             _unchecked_reported += 1
             said = _unchecked_reported
         if said > UNCHECKED_REPORTED:  # (a tar of 1,000 class archives made without checksums)
