@@ -180,6 +180,8 @@ def parse_fuse_options(values: Sequence[str]) -> Dict[str, Union[str, bool]]:
 
 #: Seconds ``-u`` keeps trying while the mount point is busy.
 UNMOUNT_BUSY_WAIT = 2.0
+#: The file system type of our mounts (libfuse's ``subtype=ratarmount``): ``-u`` unmounts no other.
+MOUNT_TYPE = "fuse.ratarmount"
 
 #: Stripped from a lone ARCHIVE's name to name its mount point (longest first).
 ARCHIVE_SUFFIXES = (
@@ -373,7 +375,7 @@ def unmount(mountpoint: str) -> None:
     mountpoint = os.path.realpath(mountpoint)  # (a link to the mount point: see to_mount_options)
     if not os.path.lexists(mountpoint):
         raise RatarmountError(f"{mountpoint} does not exist")
-    from .mount_table import OUR_TYPE, mounted_at, read_mountinfo
+    from ratarmountcore.io.mountinfo import mounted_at, read_mountinfo
 
     mountinfo = read_mountinfo()
     if not mountinfo:  # (no /proc: whether it is a mount at all is what can be told)
@@ -383,7 +385,7 @@ def unmount(mountpoint: str) -> None:
         kind = mounted_at(mountpoint, mountinfo)
         if kind is None:
             raise RatarmountError(f"{mountpoint} is not a mount point")
-        if kind != OUR_TYPE:
+        if kind != MOUNT_TYPE:
             # (As root, umount below would take any file system away: a tmpfs, another tool's mount.)
             raise RatarmountError(f"{mountpoint} is not a ratarmount mount ({kind}): left mounted")
     for tool, args in (("fusermount3", ["-u"]), ("fusermount", ["-u"]), ("umount", [])):

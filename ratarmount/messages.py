@@ -39,7 +39,8 @@ class PrintableFormatter(logging.Formatter):
 
 
 def setup_stderr_logging(level: int, form: str) -> None:
-    """``logging.basicConfig`` for stderr, each message on one line."""
-    logging.basicConfig(level=level, format=form)
-    for handler in logging.getLogger().handlers:
-        handler.setFormatter(PrintableFormatter(form))
+    """``logging.basicConfig`` for stderr, each message on one line (like it, nothing when the
+    root logger has handlers already: a program or test suite that calls ``main``)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(PrintableFormatter(form))
+    logging.basicConfig(level=level, handlers=[handler])

@@ -11,8 +11,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from ratarmountcore.cores import usable_cores
 from ratarmountcore.errors import RatarmountError
-
-from .mount_table import file_system_type, read_mountinfo
+from ratarmountcore.io.mountinfo import file_system_type, read_mountinfo
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,9 @@ import functools
 import logging
 import math
 import os
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, List, Optional
+
+from .io.mountinfo import mounts, read_mountinfo
 
 logger = logging.getLogger(__name__)
 
@@ -45,16 +47,6 @@ def _read(path: str) -> Optional[str]:
             return f.read()
     except OSError:
         return None
-
-
-def _mounts(mountinfo: str) -> Iterator[Tuple[str, str, str, List[str]]]:
-    """(file system type, mount point, cgroup path at its root, super options) of each mount."""
-    for line in mountinfo.splitlines():
-        head, sep, tail = line.partition(" - ")
-        fields, rest = head.split(), tail.split()
-        if sep and len(fields) >= 5 and len(rest) >= 3:
-            point = fields[4].replace("\\040", " ")
-            yield rest[0], point, fields[3], rest[2].split(",")
 
 
 def _levels(point: str, mount_root: str, path: str) -> List[str]:
@@ -96,7 +88,7 @@ def cgroup_cpu_limit(root: str = "/") -> Optional[float]:
     None when there is none or it cannot be read. ``root``: where ``/proc`` and the cgroup
     mounts are found (tests pass a tree of their own)."""
     cgroup = _read(os.path.join(root, "proc/self/cgroup"))
-    mountinfo = _read(os.path.join(root, "proc/self/mountinfo"))
+    mountinfo = read_mountinfo(root)
     if not cgroup or not mountinfo:
         return None
     v1_paths: Dict[str, str] = {}
@@ -110,11 +102,11 @@ def cgroup_cpu_limit(root: str = "/") -> Optional[float]:
             for controller in controllers.split(","):
                 v1_paths[controller] = path
     limits: List[float] = []
-    for kind, point, mount_root, options in _mounts(mountinfo):
-        if kind == "cgroup2" and v2_path is not None:
-            found = (_v2_limit(root + folder) for folder in _levels(point, mount_root, v2_path))
-        elif kind == "cgroup" and "cpu" in options and "cpu" in v1_paths:
-            found = (_v1_limit(root + folder) for folder in _levels(point, mount_root, v1_paths["cpu"]))
+    for mount in mounts(mountinfo):
+        if mount.kind == "cgroup2" and v2_path is not None:
+            found = (_v2_limit(root + folder) for folder in _levels(mount.point, mount.root, v2_path))
+        elif mount.kind == "cgroup" and "cpu" in mount.super_options and "cpu" in v1_paths:
+            found = (_v1_limit(root + folder) for folder in _levels(mount.point, mount.root, v1_paths["cpu"]))
         else:
             continue
         limits.extend(limit for limit in found if limit is not None)

@@ -1089,7 +1089,7 @@ MOUNTINFO = """\
     ],
 )
 def test_file_system_type_of_an_archive(path: str, kind: str) -> None:
-    from ratarmount.mount_table import file_system_type
+    from ratarmountcore.io.mountinfo import file_system_type
 
     assert file_system_type(path, MOUNTINFO) == kind
 

@@ -1,42 +1,54 @@
-"""The process's mount table (``/proc/self/mountinfo``): which file system holds a path, and
-what is mounted at a mount point.
+"""The process's mount table (``/proc/self/mountinfo``): which file system holds a path, what
+is mounted at a mount point, and where the cgroup hierarchies are (``cores``).
 
 Read here rather than through ``os.path.ismount`` or ``/proc/mounts``: ``ismount`` compares the
 devices of a folder and its parent, so it misses a bind mount of a folder of the same file
-system, and only mountinfo names the file system type of each mount in order.
+system, and only mountinfo gives each mount's root in its file system and its type, in order.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Iterator, Optional, Tuple
 
-#: The file system type of a ratarmount mount (libfuse's ``subtype=ratarmount``).
-OUR_TYPE = "fuse.ratarmount"
+
+@dataclass(frozen=True)
+class Mount:
+    #: Where it is mounted.
+    point: str
+    #: The folder of its file system mounted there (a cgroup's path for a cgroup mount).
+    root: str
+    #: The file system type (``fuse.ratarmount``, ``cgroup2``, ...).
+    kind: str
+    #: The file system's own options (a cgroup v1 mount's controllers).
+    super_options: Tuple[str, ...]
 
 
 def unescape(field: str) -> str:
-    """Mount points in mountinfo have space, tab, newline and backslash as octal escapes."""
+    """Paths in mountinfo have space, tab, newline and backslash as octal escapes."""
     return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 
 
-def read_mountinfo() -> str:
-    """This process's mount table ("" when it cannot be read)."""
+def read_mountinfo(root: str = "/") -> str:
+    """This process's mount table ("" when it cannot be read); ``root``: where ``/proc`` is
+    (tests pass a tree of their own)."""
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+        with open(os.path.join(root, "proc/self/mountinfo"), encoding="utf-8", errors="surrogateescape") as f:
             return f.read()
     except OSError:
         return ""
 
 
-def mounts(mountinfo: str) -> Iterator[Tuple[str, str]]:
-    """(mount point, file system type) of each mount, in the table's order: of mounts on the
-    same point, the later one hides the earlier ones."""
+def mounts(mountinfo: str) -> Iterator[Mount]:
+    """Each mount, in the table's order: of mounts on the same point, the later one hides the
+    earlier ones."""
     for line in mountinfo.splitlines():
         head, separator, tail = line.partition(" - ")
-        fields = head.split(" ")
+        fields, rest = head.split(" "), tail.split(" ")
         if separator and len(fields) >= 5 and tail:
-            yield unescape(fields[4]), tail.split(" ")[0]
+            options = tuple(rest[2].split(",")) if len(rest) >= 3 else ()
+            yield Mount(unescape(fields[4]), unescape(fields[3]), rest[0], options)
 
 
 def file_system_type(path: str, mountinfo: Optional[str] = None) -> str:
@@ -50,10 +62,11 @@ def file_system_type(path: str, mountinfo: Optional[str] = None) -> str:
     except OSError:
         return ""
     best, found = -1, ""
-    for point, kind in mounts(mountinfo):
+    for mount in mounts(mountinfo):
+        point = mount.point
         inside = target == point or target.startswith(point.rstrip("/") + "/")
         if inside and len(point) >= best:  # (later mounts over the same point hide earlier ones)
-            best, found = len(point), kind
+            best, found = len(point), mount.kind
     return found
 
 
@@ -63,7 +76,7 @@ def mounted_at(point: str, mountinfo: Optional[str] = None) -> Optional[str]:
     if mountinfo is None:
         mountinfo = read_mountinfo()
     found = None
-    for mounted, kind in mounts(mountinfo):
-        if mounted == point:
-            found = kind
+    for mount in mounts(mountinfo):
+        if mount.point == point:
+            found = mount.kind
     return found
